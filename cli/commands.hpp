@@ -1,0 +1,13 @@
+// Subcommands of the specmesh binary; each file registers its own.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace specmesh {
+
+void register_generate(CLI::App& app);
+void register_tokenize(CLI::App& app);
+void register_inspect(CLI::App& app);
+void register_make_model(CLI::App& app);
+
+}  // namespace specmesh

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs the Debian (bookworm) packages specmesh builds against. Needs root (or sudo).
+set -euo pipefail
+pkgs=(build-essential cmake ninja-build pkg-config
+      libcaf-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libspdlog-dev
+      libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libicu-dev
+      libgtest-dev libbenchmark-dev)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+[ ${#missing[@]} -eq 0 ] && exit 0
+sudo=""; [ "$(id -u)" -ne 0 ] && sudo=sudo
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"

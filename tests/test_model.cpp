@@ -1,0 +1,255 @@
+// End-to-end checks of the inference core on the real stories260K family.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "model/context.hpp"
+#include "model/generate.hpp"
+#include "refdata.hpp"
+
+using namespace specmesh;
+using specmesh::test::refdata;
+
+namespace {
+
+std::unique_ptr<Model> load_bin(const std::string& name = "stories260K") {
+  return Model::load(refdata("llama2c/" + name + ".bin"), refdata("llama2c/tok512.bin"));
+}
+std::unique_ptr<Model> load_gguf(const std::string& name = "stories260K") {
+  return Model::load(refdata("gguf-models/" + name + ".gguf"));
+}
+
+std::vector<int32_t> greedy(Context& ctx, const std::vector<int32_t>& prompt, int n) {
+  GenerateParams gp;
+  gp.n_predict = n;
+  gp.sampling.temperature = 0;
+  std::vector<int32_t> out;
+  generate(ctx, prompt, gp, [&](int32_t t) { out.push_back(t); return true; });
+  return out;
+}
+
+// Runs every case of stories260K_greedy_reference.json (run.c semantics: `steps` forward
+// passes, prompt tokens forced, stop at BOS) and compares ids and printed text.
+void check_goldens(const Model& m) {
+  std::ifstream f(refdata("llama2c/stories260K_greedy_reference.json"));
+  auto ref = nlohmann::json::parse(f);
+  ASSERT_EQ(ref["cases"].size(), 6u);
+  for (const auto& c : ref["cases"]) {
+    SCOPED_TRACE("prompt '" + c["prompt"].get<std::string>() + "'");
+    const auto prompt_ids = c["prompt_ids_with_bos"].get<std::vector<int32_t>>();
+    EXPECT_EQ(m.tokenizer().encode(c["prompt"].get<std::string>(), true), prompt_ids);
+    Context ctx(m, {});
+    const int steps = c["steps"];
+    auto ids = greedy(ctx, prompt_ids, steps - int(prompt_ids.size()) + 1);
+    EXPECT_EQ(ids, c["generated_ids"].get<std::vector<int32_t>>());
+
+    StreamDecoder dec(m.tokenizer());
+    for (int32_t t : prompt_ids) dec.feed(t);
+    std::string text;
+    for (int32_t t : ids) text += dec.feed(t);
+    text += dec.flush();
+    EXPECT_EQ(c["prompt"].get<std::string>() + text, c["stdout_without_trailing_newline"].get<std::string>());
+  }
+}
+
+}  // namespace
+
+TEST(Goldens, Stories260KLlama2cMatchesRunC) {
+  SPECMESH_REQUIRE_REFDATA();
+  check_goldens(*load_bin());
+}
+
+TEST(Goldens, Stories260KGgufMatchesRunC) {
+  SPECMESH_REQUIRE_REFDATA();
+  check_goldens(*load_gguf());
+}
+
+TEST(Goldens, LogitsOfFirst16PositionsWithin1e4) {
+  SPECMESH_REQUIRE_REFDATA();
+  std::ifstream f(refdata("llama2c/stories260K_logits_pos0-15.f32"), std::ios::binary);
+  std::vector<float> ref(16 * 512);
+  f.read(reinterpret_cast<char*>(ref.data()), ref.size() * 4);
+  ASSERT_TRUE(f);
+  const std::vector<int32_t> seq = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426};
+  for (auto& m : {load_bin(), load_gguf()}) {
+    Context ctx(*m, {});
+    double max_err = 0;
+    for (int p = 0; p < 16; ++p) {
+      Batch b;
+      b.add(seq[p], p, seq_bit(0), true);
+      auto out = ctx.forward(b);
+      for (int v = 0; v < 512; ++v) max_err = std::max(max_err, double(std::fabs(out.logits[v] - ref[p * 512 + v])));
+    }
+    EXPECT_LT(max_err, 1e-4) << m->format();
+  }
+}
+
+TEST(Goldens, DistilledModelsMatchTheirGreedyIds) {
+  SPECMESH_REQUIRE_REFDATA();
+  // MODELS.md "Greedy ids for golden tests": prompt "Once upon a time", 64 greedy ids.
+  const std::map<std::string, std::vector<int32_t>> expect = {
+      {"stories260K-draft-tiny", {432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 335, 311, 267, 422, 419, 426, 385, 328, 432, 358, 394, 261, 370, 268, 414, 444, 426, 338, 286, 399, 393, 269, 279, 411, 429, 292, 266, 267, 337, 335, 311, 267, 422, 419, 426, 338, 286, 399, 393, 269, 279, 292, 416, 439, 413, 391, 267, 337}},
+      {"stories260K-draft-small", {432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 268, 414, 444, 335, 261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267, 337, 335, 311, 267, 422, 419, 269, 282, 323, 312, 322, 265, 282, 295}},
+      {"stories-target-1M", {432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 268, 414, 444, 322, 265, 282, 295, 433, 426, 338, 391, 266, 267, 262, 411, 411, 263, 415, 294, 286, 322, 419, 292, 411, 426, 338, 261, 419, 355, 311}},
+  };
+  for (const auto& [name, ids] : expect) {
+    for (auto& m : {load_bin(name), load_gguf(name)}) {
+      Context ctx(*m, {});
+      EXPECT_EQ(greedy(ctx, {1, 403, 407, 261, 378}, 64), ids) << name << " " << m->format();
+    }
+  }
+}
+
+// A batch of n tokens must give the same bits per position as n single-token steps: greedy
+// speculative output is compared with plain decoding exactly.
+TEST(Forward, BatchIsBitIdenticalToSingleSteps) {
+  SPECMESH_REQUIRE_REFDATA();
+  for (const char* name : {"stories260K", "stories-target-1M"}) {
+    auto m = load_gguf(name);
+    const std::vector<int32_t> seq = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421};
+    for (int threads : {1, 2}) {
+      Context single(*m, {.n_threads = threads}), batched(*m, {.n_threads = 1});
+      std::vector<float> a, b;
+      for (size_t p = 0; p < seq.size(); ++p) {
+        Batch one;
+        one.add(seq[p], int32_t(p), seq_bit(0), true);
+        auto o = single.forward(one);
+        a.insert(a.end(), o.logits.begin(), o.logits.end());
+      }
+      Batch all;
+      for (size_t p = 0; p < seq.size(); ++p) all.add(seq[p], int32_t(p), seq_bit(0), true);
+      b = batched.forward(all).logits;
+      ASSERT_EQ(a.size(), b.size());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << name << " threads " << threads;
+    }
+  }
+}
+
+TEST(Forward, LayerRangesChainToTheFullModel) {
+  SPECMESH_REQUIRE_REFDATA();
+  auto m = load_bin();
+  Context full(*m, {}), s0(*m, {.layer_begin = 0, .layer_end = 2}), s1(*m, {.layer_begin = 2, .layer_end = 4}),
+      s2(*m, {.layer_begin = 4, .layer_end = -1});
+  Batch b;
+  const std::vector<int32_t> seq = {1, 403, 407, 261, 378};
+  for (size_t p = 0; p < seq.size(); ++p) b.add(seq[p], int32_t(p), seq_bit(0), p + 1 == seq.size());
+  auto ref = full.forward(b);
+  auto h0 = s0.forward(b);
+  EXPECT_TRUE(h0.logits.empty());
+  ASSERT_EQ(h0.hidden.size(), seq.size() * 64);
+  auto h1 = s1.forward(b, h0.hidden.data());
+  auto out = s2.forward(b, h1.hidden.data());
+  ASSERT_EQ(out.logits.size(), ref.logits.size());
+  EXPECT_EQ(std::memcmp(out.logits.data(), ref.logits.data(), ref.logits.size() * 4), 0);
+  EXPECT_THROW(Context(*m, {.layer_begin = 3, .layer_end = 9}), std::invalid_argument);
+}
+
+TEST(Forward, CapturesHiddenStatesAfterChosenLayers) {
+  SPECMESH_REQUIRE_REFDATA();
+  auto m = load_bin();
+  Context cap(*m, {.capture_layers = {1}}), first(*m, {.layer_begin = 0, .layer_end = 2});
+  Batch b;
+  b.add(1, 0, seq_bit(0), true);
+  b.add(403, 1, seq_bit(0), true);
+  auto o = cap.forward(b);
+  auto h = first.forward(b);
+  ASSERT_EQ(o.captured.size(), 1u);
+  EXPECT_EQ(o.captured[0], h.hidden);
+}
+
+// Tree attention: two branches verified in one pass equal each branch run on its own.
+TEST(Forward, TreeBatchMatchesSeparateChains) {
+  SPECMESH_REQUIRE_REFDATA();
+  auto m = load_bin();
+  const std::vector<int32_t> prompt = {1, 403, 407};
+  // Tree: root 261 (pos 3) with children 378 and 300 (pos 4); 378 has child 432 (pos 5).
+  Context tree_ctx(*m, {});
+  prefill(tree_ctx, prompt, 0, 64);
+  Batch t;
+  t.add(261, 3, seq_bit(0), true);
+  t.add(378, 4, seq_bit(0), true);
+  t.add(300, 4, seq_bit(0), true);
+  t.add(432, 5, seq_bit(0), true);
+  t.parent = {-1, 0, 0, 1};
+  auto tree = tree_ctx.forward(t);
+
+  auto chain = [&](const std::vector<int32_t>& toks) {
+    Context c(*m, {});
+    prefill(c, prompt, 0, 64);
+    Batch b;
+    for (size_t i = 0; i < toks.size(); ++i) b.add(toks[i], 3 + int32_t(i), seq_bit(0), true);
+    return c.forward(b).logits;
+  };
+  auto a = chain({261, 378, 432});
+  auto b = chain({261, 300});
+  const int V = 512;
+  auto row = [&](const std::vector<float>& v, int r) { return std::vector<float>(v.begin() + r * V, v.begin() + (r + 1) * V); };
+  auto near = [](const std::vector<float>& x, const std::vector<float>& y) {
+    double e = 0;
+    for (size_t i = 0; i < x.size(); ++i) e = std::max(e, double(std::fabs(x[i] - y[i])));
+    return e;
+  };
+  EXPECT_LT(near(row(tree.logits, 0), row(a, 0)), 1e-5);
+  EXPECT_LT(near(row(tree.logits, 1), row(a, 1)), 1e-5);
+  EXPECT_LT(near(row(tree.logits, 3), row(a, 2)), 1e-5);
+  EXPECT_LT(near(row(tree.logits, 2), row(b, 1)), 1e-5);
+}
+
+// Sequences share cells: a speculative branch in sequence 1 sees the canonical prefix, and
+// dropping it leaves sequence 0 exactly as plain decoding would have it.
+TEST(KvCache, SequencesForkAcceptAndDrop) {
+  SPECMESH_REQUIRE_REFDATA();
+  auto m = load_bin();
+  Context ctx(*m, {}), ref(*m, {});
+  prefill(ctx, {1, 403, 407}, 0, 64);
+  ctx.kv().seq_cp(0, 1, 0, -1);
+  EXPECT_EQ(ctx.kv().seq_pos_max(1), 2);
+  Batch spec;
+  spec.add(261, 3, seq_bit(1), true);
+  spec.add(999 % 512, 4, seq_bit(1), true);
+  ctx.forward(spec);
+  EXPECT_EQ(ctx.kv().used(), 5);
+  // Accept the first speculative token into sequence 0, drop the rest of sequence 1.
+  ctx.kv().seq_cp(1, 0, 3, 4);
+  ctx.kv().seq_rm(1, -1, -1);
+  EXPECT_EQ(ctx.kv().used(), 4);
+  EXPECT_EQ(ctx.kv().seq_pos_max(0), 3);
+
+  Batch next;
+  next.add(378, 4, seq_bit(0), true);
+  auto got = ctx.forward(next).logits;
+  auto want = prefill(ref, {1, 403, 407, 261, 378}, 0, 64);
+  EXPECT_EQ(got, want);
+
+  ctx.kv().seq_cp(0, 2, 0, -1);
+  ctx.kv().seq_keep(2);
+  EXPECT_EQ(ctx.kv().seq_pos_max(0), -1);
+  EXPECT_EQ(ctx.kv().seq_pos_max(2), 4);
+  ctx.kv().clear();
+  EXPECT_EQ(ctx.kv().used(), 0);
+}
+
+TEST(KvCache, FullCacheIsAClearError) {
+  SPECMESH_REQUIRE_REFDATA();
+  auto m = load_bin();
+  Context ctx(*m, {.n_ctx = 4});
+  prefill(ctx, {1, 2, 3, 4}, 0, 8);
+  Batch b;
+  b.add(5, 4, seq_bit(0), true);
+  EXPECT_THROW(ctx.forward(b), std::runtime_error);
+}
+
+TEST(Forward, CancelCheckStopsBetweenLayers) {
+  SPECMESH_REQUIRE_REFDATA();
+  auto m = load_bin();
+  Context ctx(*m, {});
+  int layers_started = 0;
+  ctx.set_cancel_check([&] { return ++layers_started > 2; });
+  Batch b;
+  b.add(1, 0, seq_bit(3), true);
+  EXPECT_THROW(ctx.forward(b), ForwardCancelled);
+  EXPECT_EQ(layers_started, 3);
+}

@@ -1,0 +1,82 @@
+// Text <-> token ids: SentencePiece-style BPE (llama) and GPT-2-style byte-level BPE.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace specmesh {
+
+class GgufFile;
+
+// tokenizer.ggml.token_type values.
+enum class TokenType : int32_t {
+  Undefined = 0, Normal = 1, Unknown = 2, Control = 3, UserDefined = 4, Unused = 5, Byte = 6,
+};
+
+enum class VocabKind { Spm, Bpe };
+
+// Everything a tokenizer needs, as stored in GGUF metadata (or converted from tok512.bin).
+struct Vocab {
+  VocabKind kind = VocabKind::Spm;
+  std::string pre = "default";          // pre-tokenizer family of BPE vocabularies
+  std::vector<std::string> tokens;      // SPM: U+2581 for space; BPE: GPT-2 byte-to-unicode text
+  std::vector<float> scores;            // SPM merge priority
+  std::vector<TokenType> types;
+  std::vector<std::string> merges;      // BPE: "left right", rank = index
+  int32_t bos = -1, eos = -1, unk = -1, pad = -1, eot = -1;
+  bool add_bos = true;
+  bool add_eos = false;
+  bool add_space_prefix = true;
+};
+
+// Reads tokenizer.ggml.* from a GGUF (model or vocabulary-only); throws FormatError.
+Vocab vocab_from_gguf(const GgufFile& file);
+// Reads a llama2.c tokenizer file (tok512.bin / tokenizer.bin) for a model of n_vocab tokens.
+Vocab vocab_from_llama2c(const std::string& path, int n_vocab);
+
+class Tokenizer {
+ public:
+  explicit Tokenizer(Vocab vocab);
+  ~Tokenizer();
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+
+  // Text to ids as llama.cpp's llama_tokenize(add_special, parse_special = false) does:
+  // special-token text is plain text; SPM adds the space prefix; BOS/EOS when add_special
+  // and the vocabulary asks for them.
+  std::vector<int32_t> encode(std::string_view text, bool add_special) const;
+
+  // The bytes a token stands for (byte tokens -> the raw byte, U+2581 -> space,
+  // byte-level BPE unicode -> bytes; control tokens -> empty).
+  std::string piece(int32_t id) const;
+  // Concatenated pieces; for SPM with add_space_prefix the single leading space is removed.
+  std::string decode(const std::vector<int32_t>& ids) const;
+
+  bool is_eog(int32_t id) const;  // EOS / EOT
+  int32_t bos() const;
+  int32_t eos() const;
+  int n_vocab() const;
+  const Vocab& vocab() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Turns a stream of ids into text without ever emitting a broken UTF-8 sequence:
+// bytes of an incomplete character are held back until it completes.
+class StreamDecoder {
+ public:
+  explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
+  std::string feed(int32_t id);   // complete text made available by this token
+  std::string flush();            // whatever is held back (invalid bytes become U+FFFD)
+ private:
+  const Tokenizer& tok_;
+  std::string pending_;
+  bool first_ = true;
+};
+
+}  // namespace specmesh
