@@ -1,5 +1,6 @@
 #include "formats/gguf.hpp"
 
+#include <cstdint>
 #include <cstring>
 #include <unordered_set>
 
@@ -145,14 +146,16 @@ GgufFile::GgufFile(const std::string& path) : map_(path) {
   kv_.reserve(n_kv);
   for (int64_t k = 0; k < n_kv; ++k) {
     std::string key = c.str("metadata key");
+    if (key.empty()) c.fail("metadata key " + std::to_string(k) + " is empty");
     if (!keys.insert(key).second) c.fail("duplicate metadata key '" + key + "'");
     GgufValue v = read_value(c, key);
     kv_.push_back({std::move(key), std::move(v)});
   }
 
   if (auto a = find("general.alignment")) {
-    if (!is_integer(a->type) || a->type == GgufType::BOOL || a->i <= 0 || (a->i & (a->i - 1)) != 0)
-      c.fail("general.alignment must be a power-of-two integer");
+    if (a->type != GgufType::U32)
+      c.fail("general.alignment must be of type u32, is " + std::string(gguf_type_name(a->type)));
+    if (a->i <= 0 || (a->i & (a->i - 1)) != 0) c.fail("general.alignment must be a power of two");
     alignment_ = static_cast<size_t>(a->i);
   }
 
@@ -176,6 +179,12 @@ GgufFile::GgufFile(const std::string& path) : map_(path) {
     if (t.ne[0] % int64_t(tr->block_elems) != 0)
       c.fail("tensor '" + t.name + "': row length " + std::to_string(t.ne[0]) + " is not a multiple of the " +
              std::string(tr->name) + " block size " + std::to_string(tr->block_elems));
+    int64_t elems = 1;
+    for (int d = 0; d < 4; ++d) {
+      if (t.ne[d] > INT64_MAX / elems)
+        c.fail("tensor '" + t.name + "' has too many elements (its shape overflows int64)");
+      elems *= t.ne[d];
+    }
     unsigned __int128 bytes = (unsigned __int128)(t.ne[0] / tr->block_elems) * tr->block_bytes * t.ne[1] * t.ne[2] * t.ne[3];
     if (bytes > map_.size()) c.fail("tensor '" + t.name + "' is larger than the file");
     t.nbytes = static_cast<size_t>(bytes);

@@ -102,6 +102,35 @@ ForwardOutput Context::forward(const Batch& batch, const float* hidden_in) {
   return out;
 }
 
+WorkCost Context::cost(const Batch& batch) const {
+  const HParams& hp = model_.hparams();
+  auto bytes = [](const WeightView& w) { return double(row_bytes(w.type, w.cols)) * w.rows; };
+  auto params = [](const WeightView& w) { return double(w.rows) * w.cols; };
+  WorkCost c;
+  c.tokens = int(batch.size());
+  c.layers = end_ - begin_;
+  const double n = double(batch.size());
+  const double ctx = double(kv_.used()) + n;  // keys each query reads, at most
+  for (int il = begin_; il < end_; ++il) {
+    const LayerWeights& w = model_.layers[il];
+    for (const WeightView* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
+      c.bytes += bytes(*m);
+      c.flops += 2 * params(*m) * n;
+    }
+    c.bytes += 2.0 * ctx * hp.kv_dim() * sizeof(float);
+    c.flops += 4.0 * n * ctx * hp.q_dim();
+    c.ops += 12;  // 7 matmuls, 2 norms, rope, attention, swiglu
+  }
+  if (has_head()) {
+    size_t outputs = 0;
+    for (uint8_t l : batch.logits) outputs += l;
+    c.bytes += bytes(model_.output);
+    c.flops += 2 * params(model_.output) * outputs;
+    c.ops += 2;
+  }
+  return c;
+}
+
 void Context::layer(int il, const Batch& batch, const std::vector<int32_t>& slots,
                     const std::vector<std::vector<int32_t>>& visible, float* x) {
   const HParams& hp = model_.hparams();

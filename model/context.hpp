@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "devices/profile.hpp"
 #include "kernels/thread_pool.hpp"
 #include "model/batch.hpp"
 #include "model/kv_cache.hpp"
@@ -48,6 +49,9 @@ class Context {
   // batch.tokens; a later stage takes `hidden_in` (n_batch x n_embd). A context ending before
   // the last layer returns hidden states of every batch token (stages pass all of them on).
   ForwardOutput forward(const Batch& batch, const float* hidden_in = nullptr);
+
+  // The work forward(batch) does on this context's layers, for device timing models.
+  WorkCost cost(const Batch& batch) const;
 
   // Stops a forward pass between layers (checked before each layer): returns true to abort.
   // An aborted pass throws ForwardCancelled; cells it claimed stay labelled and must be

@@ -37,6 +37,15 @@ Vocab vocab_from_gguf(const GgufFile& file);
 // Reads a llama2.c tokenizer file (tok512.bin / tokenizer.bin) for a model of n_vocab tokens.
 Vocab vocab_from_llama2c(const std::string& path, int n_vocab);
 
+// Pre-tokenizer families of byte-level BPE vocabularies (tokenizer.ggml.pre values, as
+// llama.cpp spells them). Unknown names are rejected, as llama.cpp does.
+bool is_known_pre_tokenizer(std::string_view pre);
+// Splits text into the words that BPE merges within, as llama.cpp's unicode_regex_split does
+// with the family's regex list (each regex splits every fragment left by the previous ones;
+// unmatched text stays a fragment). Returns raw UTF-8 (NFC first for qwen2), before the
+// byte-to-unicode mapping; invalid UTF-8 bytes become U+FFFD. Throws std::invalid_argument.
+std::vector<std::string> pre_tokenize(std::string_view text, std::string_view pre);
+
 class Tokenizer {
  public:
   explicit Tokenizer(Vocab vocab);
@@ -50,12 +59,17 @@ class Tokenizer {
   std::vector<int32_t> encode(std::string_view text, bool add_special) const;
 
   // The bytes a token stands for (byte tokens -> the raw byte, U+2581 -> space,
-  // byte-level BPE unicode -> bytes; control tokens -> empty).
+  // byte-level BPE unicode -> bytes; user-defined tokens -> their text; control, unknown and
+  // unused tokens -> empty, as llama.cpp's token_to_piece without `special`).
   std::string piece(int32_t id) const;
-  // Concatenated pieces; for SPM with add_space_prefix the single leading space is removed.
+  // Concatenated pieces; for SPM with add_space_prefix the single leading space is removed
+  // (from the first piece with text, and again after a BOS, as run.c prints). No
+  // clean-up of spaces before punctuation, so decode(encode(x)) == x for these vocabularies.
   std::string decode(const std::vector<int32_t>& ids) const;
 
-  bool is_eog(int32_t id) const;  // EOS / EOT
+  // End of generation: EOS, EOT, and tokens llama.cpp treats so by name (<|im_end|>,
+  // <|endoftext|>, <|eot_id|>, <|end|>, <end_of_turn>, <|eom_id|>, <EOT>).
+  bool is_eog(int32_t id) const;
   int32_t bos() const;
   int32_t eos() const;
   int n_vocab() const;
@@ -67,7 +81,9 @@ class Tokenizer {
 };
 
 // Turns a stream of ids into text without ever emitting a broken UTF-8 sequence:
-// bytes of an incomplete character are held back until it completes.
+// bytes of an incomplete character are held back until it completes, bytes that can never
+// form one come out as U+FFFD. For SPM with a space prefix, the first piece (and the piece
+// after each BOS) loses its leading space, as run.c prints it.
 class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}

@@ -1,0 +1,46 @@
+#include "devices/device.hpp"
+
+#include <chrono>
+#include <thread>
+
+#include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/spawn_options.hpp>
+#include <spdlog/spdlog.h>
+
+namespace specmesh {
+
+void Device::execute(const std::function<WorkCost(ThreadPool&)>& job) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  WorkCost cost = job(pool_);
+  const auto real = Clock::now() - t0;
+  busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(real).count();
+  ++jobs;
+  if (profile_) {
+    const auto target = std::chrono::duration<double>(profile_->seconds(cost));
+    if (target > real) {
+      const auto extra = std::chrono::duration_cast<Clock::duration>(target - real);
+      std::this_thread::sleep_until(t0 + real + extra);
+      modelled_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(extra).count();
+    }
+  }
+}
+
+caf::actor spawn_device_actor(caf::actor_system& sys, std::shared_ptr<Device> device) {
+  return sys.spawn<caf::detached>([device](caf::event_based_actor* self) -> caf::behavior {
+    (void)self;
+    return {
+        [device](compute_atom, const DeviceJobPtr& job) {
+          try {
+            device->execute(job->run);
+          } catch (const std::exception& e) {
+            // A job reports its own failures; this only guards the actor.
+            spdlog::error("device {}: job failed: {}", device->name(), e.what());
+          }
+        },
+    };
+  });
+}
+
+}  // namespace specmesh
