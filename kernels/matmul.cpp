@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/matmul_impl.hpp"
 #include "kernels/quant.hpp"
 #include "kernels/thread_pool.hpp"
 
@@ -20,30 +21,6 @@ namespace specmesh {
 
 namespace mm {
 
-// Keep in sync with matmul_avx2.cpp (shared by the two translation units only).
-// An activation block quantised to 8 bits. The scale stays f32 (ggml rounds it to f16):
-// cheaper to use and one rounding fewer.
-struct ActQ8 {
-  float d;
-  int8_t qs[QK8_0];
-};
-struct Problem {
-  DType type;
-  const uint8_t* w;   // first weight row of the range
-  size_t w_stride;    // bytes per weight row
-  size_t cols;
-  const float* x;     // n_tokens x cols activations
-  const ActQ8* xq;    // n_tokens x cols/32 quantised activations (Q4_0 / Q8_0 weights only)
-  size_t n_tokens;
-  float* y;           // y[t*ldy + r], r relative to w
-  size_t ldy;
-};
-// Catches the two copies drifting apart in size.
-static_assert(sizeof(ActQ8) == 36 && (sizeof(void*) != 8 || sizeof(Problem) == 72));
-#ifdef SPECMESH_HAVE_AVX2_TU
-void gemm_rows_avx2(const Problem& p, size_t r0, size_t r1);
-void quantize_act_avx2(const float* x, size_t cols, ActQ8* out);
-#endif
 
 namespace {
 

@@ -16,27 +16,10 @@
 #include <vector>
 
 #include "kernels/ggml_types.hpp"
+#include "kernels/matmul_impl.hpp"
 
 namespace specmesh::mm {
 
-// Keep in sync with matmul.cpp (shared by the two translation units only).
-struct ActQ8 {
-  float d;
-  int8_t qs[QK8_0];
-};
-struct Problem {
-  DType type;
-  const uint8_t* w;
-  size_t w_stride;
-  size_t cols;
-  const float* x;
-  const ActQ8* xq;
-  size_t n_tokens;
-  float* y;
-  size_t ldy;
-};
-// Catches the two copies drifting apart in size.
-static_assert(sizeof(ActQ8) == 36 && (sizeof(void*) != 8 || sizeof(Problem) == 72));
 void gemm_rows_avx2(const Problem& p, size_t r0, size_t r1);
 void quantize_act_avx2(const float* x, size_t cols, ActQ8* out);
 
