@@ -9,5 +9,7 @@ void register_generate(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_make_model(CLI::App& app);
+void register_run(CLI::App& app);
+void register_node(CLI::App& app);
 
 }  // namespace specmesh

@@ -11,9 +11,11 @@ int main(int argc, char** argv) {
   specmesh::register_tokenize(app);
   specmesh::register_inspect(app);
   specmesh::register_make_model(app);
+  specmesh::register_run(app);
+  specmesh::register_node(app);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::Error& e) {
     return app.exit(e);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "specmesh: error: %s\n", e.what());

@@ -1,0 +1,73 @@
+// The head: tokenises prompts, launches runs into the target pipeline, samples the logits
+// that come back, keeps the FIFO of runs in flight and streams accepted tokens to clients.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <caf/actor.hpp>
+#include <caf/allowed_unsafe_message_type.hpp>
+#include <caf/atom.hpp>
+
+#include "actors/router.hpp"
+#include "model/generate.hpp"
+#include "model/model.hpp"
+
+namespace caf {
+class actor_system;
+}
+
+namespace specmesh {
+
+struct GenerationRequest {
+  std::string prompt;
+  int n_predict = 0;                     // 0: the topology's default
+  std::optional<SamplerParams> sampling; // default: the topology's
+  bool ignore_eos = false;
+};
+
+struct GenerationResult {
+  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> ids;  // accepted tokens, also when generation failed part-way
+  std::string text;
+  GenerateStats stats;
+  std::string error;         // empty on success
+  bool ok() const { return error.empty(); }
+};
+
+// Called with each accepted token and its text; returning false stops generation.
+using StreamCallback = std::function<bool(int32_t id, const std::string& piece)>;
+
+// One client request as the head works on it.
+struct Session {
+  GenerationRequest request;
+  StreamCallback on_token;
+  std::promise<GenerationResult> done;
+  std::atomic<bool> cancel{false};
+};
+using SessionPtr = std::shared_ptr<Session>;
+using generate_atom = caf::atom_constant<caf::atom("generate")>;
+
+struct HeadConfig {
+  std::shared_ptr<const Model> model;   // tokenizer, vocabulary size and stop rule
+  std::string pipeline;                 // model name in the topology
+  std::string first_node;               // node of the first stage
+  std::vector<std::string> stage_nodes; // every node with a stage (cancels go to all)
+  std::shared_ptr<Router> router;
+  SamplerParams sampling;
+  int n_predict = 128;
+  int n_batch = 256;
+};
+
+// Messages: (generate_atom, SessionPtr) from clients; (from, Envelope) from the gateway
+// carrying Logits or Error.
+caf::actor spawn_head(caf::actor_system& sys, HeadConfig cfg);
+
+}  // namespace specmesh
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(specmesh::SessionPtr)

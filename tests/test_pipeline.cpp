@@ -1,0 +1,221 @@
+// Plain generation through pipelines of stage actors spread over threads and processes must
+// give exactly the tokens of the single-process core.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "model/context.hpp"
+#include "model/generate.hpp"
+#include "model/synthetic.hpp"
+#include "refdata.hpp"
+#include "runtime/runtime.hpp"
+
+using namespace specmesh;
+using specmesh::test::refdata;
+
+namespace {
+
+std::string tmpdir() {
+  static std::string dir = [] {
+    auto d = std::filesystem::temp_directory_path() / ("specmesh-pipeline-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(d);
+    return d.string();
+  }();
+  return dir;
+}
+
+int free_port() {
+  static std::atomic<int> next{25000 + (::getpid() % 2000) * 10};
+  return next += 2;  // data and control ports
+}
+
+std::string endpoint(const std::string& transport, const std::string& name) {
+  if (transport == "ipc") return "ipc://" + tmpdir() + "/" + name + ".ipc";
+  if (transport == "tcp") return "tcp://127.0.0.1:" + std::to_string(free_port());
+  static std::atomic<int> n{0};
+  return "inproc://" + name + "-" + std::to_string(n++);
+}
+
+// A topology with the head on its own node and one node per stage, layers split evenly.
+std::string write_topology(const std::string& model, const std::string& tokenizer, int n_stages,
+                           const std::string& transport, const std::string& extra = "") {
+  static std::atomic<int> n{0};
+  const std::string path = tmpdir() + "/topo-" + std::to_string(n++) + ".toml";
+  std::ofstream f(path);
+  f << "[run]\nmodel = \"target\"\nn_predict = 40\ntemperature = 0.0\n" << extra << "\n";
+  f << "[models.target]\npath = \"" << model << "\"\n";
+  if (!tokenizer.empty()) f << "tokenizer = \"" << tokenizer << "\"\n";
+  f << "[nodes.head]\nendpoint = \"" << endpoint(transport, "head") << "\"\nhead = true\n";
+  for (int i = 0; i < n_stages; ++i) {
+    f << "[nodes.n" << i << "]\nendpoint = \"" << endpoint(transport, "n" + std::to_string(i)) << "\"\n";
+    f << "[devices.cpu" << i << "]\nnode = \"n" << i << "\"\nthreads = 1\n";
+  }
+  for (int i = 0; i < n_stages; ++i)
+    f << "[[stages]]\ndevice = \"cpu" << i << "\"\nfraction = " << 1.0 / n_stages << "\n";
+  return path;
+}
+
+std::vector<int32_t> reference(const std::string& model, const std::string& tokenizer, const std::string& prompt, int n) {
+  auto m = Model::load(model, tokenizer);
+  Context ctx(*m, {});
+  std::vector<int32_t> p = m->tokenizer().encode(prompt, true);
+  GenerateParams gp;
+  gp.n_predict = n;
+  gp.sampling.temperature = 0;
+  std::vector<int32_t> out;
+  generate(ctx, p, gp, [&](int32_t t) { out.push_back(t); return true; });
+  return out;
+}
+
+RuntimeOptions spawn_opts() {
+  RuntimeOptions o;
+  o.spawn_nodes = true;
+  o.specmesh_binary = SPECMESH_CLI_PATH;
+  return o;
+}
+
+std::string qwen3_model() {
+  static std::string path = [] {
+    SyntheticSpec s = *synthetic_preset("tiny-qwen3");
+    s.vocab_from = refdata("llama2c/tok512.bin");
+    s.seed = 7;
+    std::string p = tmpdir() + "/tiny-qwen3.gguf";
+    write_synthetic_model(s, p);
+    return p;
+  }();
+  return path;
+}
+
+void expect_pipeline_matches(const std::string& model, const std::string& tok, int stages, const std::string& transport,
+                             bool spawn) {
+  const std::string prompt = "Once upon a time";
+  auto want = reference(model, tok, prompt, 40);
+  auto rt = Runtime::open(write_topology(model, tok, stages, transport), spawn ? spawn_opts() : RuntimeOptions{});
+  auto got = rt->generate({.prompt = prompt, .n_predict = 40});
+  ASSERT_TRUE(got.ok()) << got.error;
+  EXPECT_EQ(got.ids, want) << stages << " stages over " << transport;
+  // A second request on the same runtime starts from a clean cache.
+  auto again = rt->generate({.prompt = prompt, .n_predict = 40});
+  EXPECT_EQ(again.ids, want);
+}
+
+}  // namespace
+
+TEST(Pipeline, InProcessStagesMatchGenerate) {
+  SPECMESH_REQUIRE_REFDATA();
+  expect_pipeline_matches(refdata("gguf-models/stories260K.gguf"), "", 2, "inproc", false);
+  expect_pipeline_matches(refdata("llama2c/stories260K.bin"), refdata("llama2c/tok512.bin"), 3, "inproc", false);
+}
+
+TEST(Pipeline, TwoAndThreeProcessesOverIpcMatchGenerate) {
+  SPECMESH_REQUIRE_REFDATA();
+  for (int stages : {2, 3}) {
+    expect_pipeline_matches(refdata("gguf-models/stories260K.gguf"), "", stages, "ipc", true);
+    expect_pipeline_matches(qwen3_model(), "", stages, "ipc", true);
+  }
+}
+
+TEST(Pipeline, TwoAndThreeProcessesOverTcpMatchGenerate) {
+  SPECMESH_REQUIRE_REFDATA();
+  for (int stages : {2, 3}) {
+    expect_pipeline_matches(refdata("gguf-models/stories260K.gguf"), "", stages, "tcp", true);
+    expect_pipeline_matches(qwen3_model(), "", stages, "tcp", true);
+  }
+}
+
+TEST(Pipeline, KilledStageGivesAClearErrorAndKeepsAcceptedTokens) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string model = refdata("gguf-models/stories-target-1M.gguf");
+  auto rt = Runtime::open(write_topology(model, "", 2, "ipc"), spawn_opts());
+  // Find the stage processes: the children of this process running `specmesh node`.
+  std::vector<pid_t> kids;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream st(e.path() / "stat");
+    std::string line;
+    std::getline(st, line);
+    auto rp = line.rfind(')');
+    if (rp == std::string::npos) continue;
+    std::istringstream rest(line.substr(rp + 2));
+    char state;
+    pid_t ppid;
+    rest >> state >> ppid;
+    if (ppid == ::getpid()) kids.push_back(std::stoi(name));
+  }
+  ASSERT_EQ(kids.size(), 2u);
+  std::chrono::steady_clock::time_point killed_at;
+  int seen = 0;
+  auto result = rt->generate({.prompt = "Once upon a time", .n_predict = 400, .ignore_eos = true},
+                             [&](int32_t, const std::string&) {
+                               if (++seen == 5) {
+                                 killed_at = std::chrono::steady_clock::now();
+                                 ::kill(kids[1], SIGKILL);
+                               }
+                               return true;
+                             });
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  EXPECT_FALSE(result.ok());
+  EXPECT_NE(result.error.find("stopped answering"), std::string::npos) << result.error;
+  EXPECT_GE(result.ids.size(), 5u);
+  EXPECT_LT(result.ids.size(), 400u);
+  EXPECT_LT(waited, 2.0);
+}
+
+TEST(Pipeline, UnreachableNodeIsNamed) {
+  SPECMESH_REQUIRE_REFDATA();
+  RuntimeOptions o;
+  o.connect_timeout = std::chrono::milliseconds(500);
+  try {
+    Runtime rt(Topology::load(write_topology(refdata("gguf-models/stories260K.gguf"), "", 2, "ipc")), o);
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("node 'n0'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Topology, ErrorsNameFileLineAndKey) {
+  auto err = [](const std::string& text) {
+    try {
+      Topology::parse(text, "t.toml", "/");
+      return std::string("no error");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+  };
+  EXPECT_EQ(err("[run]\nstrategy = \"ar\"\n"), "t.toml: models: at least one model is needed");
+  EXPECT_EQ(err("[models.t]\npath = \"x\"\n[run]\nstrategy = \"fast\"\n"),
+            "t.toml:4: run.strategy: must be \"ar\", \"spec\" or \"pipeinfer\", not \"fast\"");
+  EXPECT_EQ(err("[models.t]\npath = \"x\"\n[run]\nn_predict = \"many\"\n"), "t.toml:4: run.n_predict: expected an integer");
+  EXPECT_EQ(err("[models.t]\npath = \"x\"\n[run]\n[nodes.a]\nendpoint = \"http://x\"\nhead = true\n"),
+            "t.toml:5: nodes.a.endpoint: must start with inproc://, ipc:// or tcp://");
+  EXPECT_EQ(err("[models.t]\npath = \"x\"\nsize = 3\n[run]\n"), "t.toml:3: models.t.size: unknown key");
+  EXPECT_NE(err("[models.t\n").find("t.toml:1:"), std::string::npos);
+  EXPECT_EQ(err("[models.t]\npath = \"x\"\n[run]\n[[stages]]\ndevice = \"gpu\"\nlayers = [0, 2]\n"),
+            "t.toml:5: stages[0].device: names no device in [devices]: 'gpu'");
+}
+
+TEST(Topology, FractionsResolveToContiguousRanges) {
+  Topology t = Topology::parse(
+      "[models.t]\npath = \"m.gguf\"\n[run]\n[devices.a]\n[devices.b]\n"
+      "[[stages]]\ndevice = \"a\"\nfraction = 0.4\n[[stages]]\ndevice = \"b\"\nfraction = 0.6\n",
+      "t.toml", "/models");
+  EXPECT_EQ(t.models.at("t").path, "/models/m.gguf");
+  t.resolve_layers("t", 5);
+  EXPECT_EQ(t.stages[0].layer_begin, 0);
+  EXPECT_EQ(t.stages[0].layer_end, 2);
+  EXPECT_EQ(t.stages[1].layer_begin, 2);
+  EXPECT_EQ(t.stages[1].layer_end, 5);
+  Topology bad = Topology::parse(
+      "[models.t]\npath = \"m.gguf\"\n[run]\n[devices.a]\n[[stages]]\ndevice = \"a\"\nlayers = [0, 3]\n", "t.toml", "/");
+  EXPECT_THROW(bad.resolve_layers("t", 5), ConfigError);
+}
