@@ -1,8 +1,7 @@
 #include "actors/head.hpp"
 
-#include <chrono>
+#include <cmath>
 #include <deque>
-#include <random>
 
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
@@ -10,119 +9,169 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/stage.hpp"
+#include "actors/strategy.hpp"
 
 namespace specmesh {
 
-namespace {
-
 using Clock = std::chrono::steady_clock;
 
-struct Active {
-  SessionPtr session;
-  GenerationResult result;
-  std::unique_ptr<Sampler> sampler;
-  std::unique_ptr<StreamDecoder> decoder;
-  int n_predict = 0;
-  int32_t pos = 0;
-  uint64_t awaited_run = 0;  // the run whose logits come next
-  Clock::time_point t0, t_first;
-};
+// ------------------------------------------------------------------ HeadCore
+
+HeadCore::HeadCore(const HeadConfig& cfg, SessionPtr session, uint64_t& next_run)
+    : cfg_(cfg), session_(std::move(session)), next_run_(next_run) {
+  t0_ = t_last_ = Clock::now();
+  const Tokenizer& tok = cfg_.target.model->tokenizer();
+  result_.prompt_ids = tok.encode(session_->request.prompt, true);
+  if (result_.prompt_ids.empty()) result_.prompt_ids.push_back(tok.bos() >= 0 ? tok.bos() : 0);
+  result_.stats.prompt_tokens = int(result_.prompt_ids.size());
+  tokens_ = result_.prompt_ids;
+  n_predict_ = session_->request.n_predict > 0 ? session_->request.n_predict : cfg_.n_predict;
+  sampler_ = std::make_unique<Sampler>(session_->request.sampling.value_or(cfg_.sampling));
+  decoder_ = std::make_unique<StreamDecoder>(tok);
+  for (int32_t t : result_.prompt_ids) decoder_->feed(t);
+  SpecMetrics& m = result_.metrics;
+  m.strategy = cfg_.strategy;
+  m.target = cfg_.target.name;
+  m.draft = cfg_.draft.name;
+  m.prompt_tokens = result_.stats.prompt_tokens;
+}
+
+uint64_t HeadCore::launch(const PipelineRef& p, const Batch& batch, bool speculative) {
+  const uint64_t run = next_run_++;
+  if (!cfg_.router->send(p.first_node, make_envelope(run, to_run_start(p.name, batch, speculative))))
+    throw std::runtime_error("node '" + p.first_node + "' of pipeline '" + p.name + "' is not reachable");
+  if (&p == &cfg_.target) ++result_.metrics.runs_launched;
+  return run;
+}
+
+void HeadCore::kv_ops(const PipelineRef& p, std::vector<KvOp> ops) {
+  KvCacheOp k;
+  k.pipeline = p.name;
+  k.layer = 0;
+  k.ops = std::move(ops);
+  if (!cfg_.router->send(p.first_node, make_envelope(0, std::move(k))))
+    throw std::runtime_error("node '" + p.first_node + "' of pipeline '" + p.name + "' is not reachable");
+}
+
+void HeadCore::cancel(const PipelineRef& p, const std::vector<uint64_t>& runs) {
+  if (runs.empty()) return;
+  std::vector<std::string> sent;
+  for (const std::string& n : p.nodes) {
+    if (std::find(sent.begin(), sent.end(), n) != sent.end()) continue;
+    sent.push_back(n);
+    cfg_.router->send(n, make_envelope(0, Cancel{runs}));
+  }
+  if (&p == &cfg_.target) result_.metrics.runs_cancelled += runs.size();
+}
+
+bool HeadCore::accept(int32_t token) {
+  if (done_) return false;
+  const auto now = Clock::now();
+  if (!session_->request.ignore_eos && cfg_.target.model->stops_at(token)) {
+    if (result_.ids.empty()) result_.stats.ttft_ms = std::chrono::duration<double, std::milli>(now - t0_).count();
+    finish();
+    return false;
+  }
+  if (result_.ids.empty()) {
+    result_.stats.ttft_ms = std::chrono::duration<double, std::milli>(now - t0_).count();
+  } else {
+    itl_sum_ms_ += std::chrono::duration<double, std::milli>(now - t_last_).count();
+  }
+  t_last_ = now;
+  tokens_.push_back(token);
+  result_.ids.push_back(token);
+  ++result_.stats.generated_tokens;
+  std::string piece = decoder_->feed(token);
+  result_.text += piece;
+  bool more = !session_->cancel.load();
+  if (session_->on_token && !session_->on_token(token, piece)) more = false;
+  if (!more || int(result_.ids.size()) >= n_predict_) {
+    finish();
+    return false;
+  }
+  return true;
+}
+
+void HeadCore::finish(std::string error) {
+  if (done_) return;
+  done_ = true;
+  result_.text += decoder_->flush();
+  result_.error = std::move(error);
+  GenerateStats& st = result_.stats;
+  st.total_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0_).count();
+  if (st.generated_tokens > 1) st.decode_tokens_per_s = (st.generated_tokens - 1) / (itl_sum_ms_ / 1000.0);
+  SpecMetrics& m = result_.metrics;
+  m.generated_tokens = st.generated_tokens;
+  m.ttft_ms = st.ttft_ms;
+  m.decode_tokens_per_s = st.decode_tokens_per_s;
+  m.mean_itl_ms = st.generated_tokens > 1 ? itl_sum_ms_ / (st.generated_tokens - 1) : 0;
+  if (!result_.ok()) spdlog::error("generation failed after {} tokens: {}", result_.ids.size(), result_.error);
+  if (!cfg_.metrics_csv.empty()) {
+    try {
+      m.append_csv(cfg_.metrics_csv);
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+    }
+  }
+  session_->done.set_value(std::move(result_));
+}
+
+uint64_t launch_prefill(HeadCore& core, const PipelineRef& p, const std::vector<int32_t>& tokens, int32_t pos0) {
+  uint64_t last = 0;
+  const size_t n_batch = size_t(core.cfg().n_batch);
+  for (size_t b = 0; b < tokens.size(); b += n_batch) {
+    const size_t e = std::min(tokens.size(), b + n_batch);
+    Batch batch;
+    for (size_t i = b; i < e; ++i) batch.add(tokens[i], pos0 + int32_t(i), seq_bit(0), i + 1 == tokens.size());
+    last = core.launch(p, batch, false);
+  }
+  return last;
+}
+
+float top_probability(const float* logits, int n_vocab) {
+  float m = logits[0];
+  for (int i = 1; i < n_vocab; ++i) m = std::max(m, logits[i]);
+  double sum = 0;
+  for (int i = 0; i < n_vocab; ++i) sum += std::exp(double(logits[i]) - m);
+  return float(1.0 / sum);
+}
+
+// ------------------------------------------------------------------ the actor
+
+namespace {
 
 struct HeadState {
   HeadConfig cfg;
   std::deque<SessionPtr> queue;
-  std::optional<Active> active;
+  std::unique_ptr<HeadCore> core;
+  std::unique_ptr<Strategy> strategy;
   uint64_t next_run = 1;
 };
 
-using HeadActor = caf::stateful_actor<HeadState>*;
-
-void send_to_pipeline(HeadState& st, uint64_t run, Payload p) {
-  if (!st.cfg.router->send(st.cfg.first_node, make_envelope(run, std::move(p))))
-    throw std::runtime_error("node '" + st.cfg.first_node + "' of the first stage is not reachable");
-}
-
-void finish(HeadState& st, std::string error = {}) {
-  Active& a = *st.active;
-  a.result.text += a.decoder->flush();
-  a.result.error = std::move(error);
-  a.result.stats.total_ms = std::chrono::duration<double, std::milli>(Clock::now() - a.t0).count();
-  if (a.result.stats.generated_tokens > 1) {
-    const double s = std::chrono::duration<double>(Clock::now() - a.t_first).count();
-    a.result.stats.decode_tokens_per_s = (a.result.stats.generated_tokens - 1) / s;
-  }
-  if (!a.result.ok()) spdlog::error("generation failed after {} tokens: {}", a.result.ids.size(), a.result.error);
-  a.session->done.set_value(std::move(a.result));
-  st.active.reset();
-}
-
-void launch(HeadState& st, const std::vector<int32_t>& tokens, int32_t pos0) {
-  // Chunks of n_batch; only the last token of the last chunk asks for logits.
-  for (size_t b = 0; b < tokens.size(); b += st.cfg.n_batch) {
-    const size_t e = std::min(tokens.size(), b + size_t(st.cfg.n_batch));
-    Batch batch;
-    for (size_t i = b; i < e; ++i) batch.add(tokens[i], pos0 + int32_t(i), seq_bit(0), i + 1 == tokens.size());
-    const uint64_t run = st.next_run++;
-    send_to_pipeline(st, run, to_run_start(st.cfg.pipeline, batch, false));
-    st.active->awaited_run = run;
-  }
-}
-
-void start_next(HeadState& st) {
-  while (!st.active && !st.queue.empty()) {
+void settle(HeadState& st) {
+  for (;;) {
+    if (st.core && st.core->done()) {
+      st.strategy.reset();
+      st.core.reset();
+    }
+    if (st.core || st.queue.empty()) return;
     SessionPtr s = std::move(st.queue.front());
     st.queue.pop_front();
-    st.active.emplace();
-    Active& a = *st.active;
-    a.session = s;
-    a.t0 = Clock::now();
-    const Tokenizer& tok = st.cfg.model->tokenizer();
     try {
-      a.result.prompt_ids = tok.encode(s->request.prompt, true);
-      if (a.result.prompt_ids.empty()) a.result.prompt_ids.push_back(tok.bos() >= 0 ? tok.bos() : 0);
-      a.result.stats.prompt_tokens = int(a.result.prompt_ids.size());
-      a.n_predict = s->request.n_predict > 0 ? s->request.n_predict : st.cfg.n_predict;
-      a.sampler = std::make_unique<Sampler>(s->request.sampling.value_or(st.cfg.sampling));
-      a.decoder = std::make_unique<StreamDecoder>(tok);
-      for (int32_t t : a.result.prompt_ids) a.decoder->feed(t);
-      // A fresh cache for every request: the removal travels down the pipeline before the run.
-      KvCacheOp clear;
-      clear.pipeline = st.cfg.pipeline;
-      clear.layer = 0;
-      clear.ops.push_back({KvOpKind::remove, -1, -1, -1, -1});
-      send_to_pipeline(st, 0, std::move(clear));
-      a.pos = int32_t(a.result.prompt_ids.size());
-      launch(st, a.result.prompt_ids, 0);
+      st.core = std::make_unique<HeadCore>(st.cfg, s, st.next_run);
+      st.strategy = make_strategy(*st.core);
+      // Every request starts from clean caches; the removal travels ahead of the first run.
+      st.core->kv_ops(st.cfg.target, {{KvOpKind::remove, -1, -1, -1, -1}});
+      if (!st.cfg.draft.name.empty()) st.core->kv_ops(st.cfg.draft, {{KvOpKind::remove, -1, -1, -1, -1}});
+      st.strategy->start();
     } catch (const std::exception& e) {
-      finish(st, e.what());
+      if (st.core) st.core->finish(e.what());
+      else {
+        GenerationResult r;
+        r.error = e.what();
+        s->done.set_value(std::move(r));
+      }
     }
-  }
-}
-
-void on_logits(HeadState& st, uint64_t run, const Logits& l) {
-  if (!st.active || run != st.active->awaited_run) return;  // an earlier prefill chunk
-  Active& a = *st.active;
-  const int n_vocab = st.cfg.model->hparams().n_vocab;
-  if (l.rows.size() != 1 || l.logits.numel() != size_t(n_vocab))
-    return finish(st, "run " + std::to_string(run) + ": expected one row of " + std::to_string(n_vocab) + " logits");
-  std::vector<float> row = l.logits.data.to_vector<float>();
-  const int32_t tok = a.sampler->sample(row.data(), n_vocab);
-  if (a.result.ids.empty()) {
-    a.t_first = Clock::now();
-    a.result.stats.ttft_ms = std::chrono::duration<double, std::milli>(a.t_first - a.t0).count();
-  }
-  if (!a.session->request.ignore_eos && st.cfg.model->stops_at(tok)) return finish(st);
-  a.result.ids.push_back(tok);
-  ++a.result.stats.generated_tokens;
-  std::string piece = a.decoder->feed(tok);
-  a.result.text += piece;
-  bool more = !a.session->cancel.load();
-  if (a.session->on_token && !a.session->on_token(tok, piece)) more = false;
-  if (!more || int(a.result.ids.size()) >= a.n_predict) return finish(st);
-  try {
-    launch(st, {tok}, a.pos++);
-  } catch (const std::exception& e) {
-    finish(st, e.what());
   }
 }
 
@@ -134,23 +183,29 @@ caf::actor spawn_head(caf::actor_system& sys, HeadConfig cfg) {
     return {
         [self](generate_atom, const SessionPtr& s) {
           self->state.queue.push_back(s);
-          start_next(self->state);
+          settle(self->state);
         },
         [self](const std::string& from, const Envelope& env) {
           auto& st = self->state;
-          if (const auto* l = std::get_if<Logits>(&env.payload)) {
-            if (l->pipeline == st.cfg.pipeline) on_logits(st, env.run_id, *l);
-          } else if (const auto* e = std::get_if<Error>(&env.payload)) {
-            if (!st.active) return;
-            const bool ours = env.run_id == 0 || env.run_id >= st.active->awaited_run - 64;
-            const bool pipeline_node =
-                std::find(st.cfg.stage_nodes.begin(), st.cfg.stage_nodes.end(), e->peer) != st.cfg.stage_nodes.end();
-            if (e->code == ErrorCode::peer_down && pipeline_node)
-              finish(st, "node '" + e->peer + "' stopped answering (process gone or frozen); generation aborted");
-            else if (e->code != ErrorCode::peer_down && ours)
-              finish(st, "node '" + e->peer + "': " + e->message);
+          if (!st.core) return;
+          try {
+            if (const auto* l = std::get_if<Logits>(&env.payload)) {
+              st.strategy->on_logits(env.run_id, *l);
+            } else if (const auto* e = std::get_if<Error>(&env.payload)) {
+              auto in = [&](const PipelineRef& p) {
+                return std::find(p.nodes.begin(), p.nodes.end(), e->peer) != p.nodes.end();
+              };
+              if (e->code == ErrorCode::peer_down) {
+                if (in(st.cfg.target) || in(st.cfg.draft))
+                  st.core->finish("node '" + e->peer + "' stopped answering (process gone or frozen); generation aborted");
+              } else {
+                st.core->finish("node '" + e->peer + "': " + e->message);
+              }
+            }
+          } catch (const std::exception& ex) {
+            st.core->finish(ex.what());
           }
-          start_next(st);
+          settle(st);
         },
     };
   });

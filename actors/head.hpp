@@ -17,6 +17,7 @@
 #include "actors/router.hpp"
 #include "model/generate.hpp"
 #include "model/model.hpp"
+#include "speculation/metrics.hpp"
 
 namespace caf {
 class actor_system;
@@ -36,6 +37,7 @@ struct GenerationResult {
   std::vector<int32_t> ids;  // accepted tokens, also when generation failed part-way
   std::string text;
   GenerateStats stats;
+  SpecMetrics metrics;       // timing and speculation counters of this generation
   std::string error;         // empty on success
   bool ok() const { return error.empty(); }
 };
@@ -53,15 +55,35 @@ struct Session {
 using SessionPtr = std::shared_ptr<Session>;
 using generate_atom = caf::atom_constant<caf::atom("generate")>;
 
-struct HeadConfig {
-  std::shared_ptr<const Model> model;   // tokenizer, vocabulary size and stop rule
-  std::string pipeline;                 // model name in the topology
+// A model's pipeline as the head sees it.
+struct PipelineRef {
+  std::string name;                     // model name in the topology
+  std::shared_ptr<const Model> model;
   std::string first_node;               // node of the first stage
-  std::vector<std::string> stage_nodes; // every node with a stage (cancels go to all)
+  std::vector<std::string> nodes;       // every node with a stage of it (cancels go to all)
+};
+
+// Strategy parameters (topology [run.params] / CLI), PipeInfer's meanings where they exist.
+struct SpecParams {
+  int n_draft = 4;          // standard: draft tokens per verification
+  int max_micro_batch = 4;  // pipeinfer: draft tokens per speculative run (1-4)
+  int max_runs = 4;         // pipeinfer: target runs in flight
+  float p_accept = 0.5f;    // draft confidence cutoff
+  float p_recovery = 0.05f; // added to the cutoff per speculative run in a burst
+  float p_decay = 0.05f;    // subtracted when speculation yields nothing
+  bool cancel = true;       // pipeinfer: early cancellation of invalid/superfluous runs
+};
+
+struct HeadConfig {
+  std::string strategy = "ar";  // ar | spec | pipeinfer
+  PipelineRef target;
+  PipelineRef draft;            // spec / pipeinfer
   std::shared_ptr<Router> router;
   SamplerParams sampling;
+  SpecParams spec;
   int n_predict = 128;
   int n_batch = 256;
+  std::string metrics_csv;      // append a row per generation when set
 };
 
 // Messages: (generate_atom, SessionPtr) from clients; (from, Envelope) from the gateway

@@ -34,10 +34,15 @@ struct Route {
 
 // Hands each envelope to the stage it is for: run starts to a pipeline's first stage,
 // activations and cache operations to the stage whose layers start where they point.
-caf::actor spawn_dispatcher(caf::actor_system& sys, std::string node, std::vector<Route> routes) {
-  return sys.spawn([node = std::move(node), routes = std::move(routes)](caf::event_based_actor*) -> caf::behavior {
+// Logits and errors sent from this node to itself go to the local head.
+caf::actor spawn_dispatcher(caf::actor_system& sys, std::string node, std::vector<Route> routes, caf::actor head) {
+  return sys.spawn([node = std::move(node), routes = std::move(routes), head](caf::event_based_actor*) -> caf::behavior {
     return {
-        [node, routes](const std::string& from, const Envelope& env) {
+        [node, routes, head](const std::string& from, const Envelope& env) {
+          if (head && (std::holds_alternative<Logits>(env.payload) || std::holds_alternative<Error>(env.payload))) {
+            caf::anon_send(head, from, env);
+            return;
+          }
           auto find = [&](const std::string& pipeline, int layer) -> const caf::actor* {
             for (const auto& r : routes)
               if (r.pipeline == pipeline && r.layer_begin == layer) return &r.stage;
@@ -108,26 +113,54 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
       stage_info_.push_back({model, s.layer_begin, s.layer_end, s.device, stats});
     }
   }
-  dispatcher_ = spawn_dispatcher(sys, node, routes);
-  actors_.push_back(dispatcher_);
-  router_->set_local(dispatcher_);
-  for (MsgType t : {MsgType::run_start, MsgType::activations, MsgType::kv_cache_op, MsgType::cancel})
-    gateway_->subscribe(t, dispatcher_);
-
   if (node == topo.head_node) {
-    HeadConfig hc;
-    hc.model = models.get(topo.models.at(topo.run.model));
-    hc.pipeline = topo.run.model;
-    hc.stage_nodes = pipeline_nodes(topo, topo.run.model);
-    hc.first_node = hc.stage_nodes.front();
-    hc.router = router_;
-    hc.sampling = {topo.run.temperature, topo.run.top_k, topo.run.top_p, topo.run.min_p, topo.run.seed};
-    hc.n_predict = topo.run.n_predict;
-    head_ = spawn_head(sys, hc);
+    head_ = spawn_head(sys, head_config(topo, models, router_));
     actors_.push_back(head_);
     gateway_->subscribe(MsgType::logits, head_);
     gateway_->subscribe(MsgType::error, head_);
   }
+  dispatcher_ = spawn_dispatcher(sys, node, routes, head_);
+  actors_.push_back(dispatcher_);
+  router_->set_local(dispatcher_);
+  for (MsgType t : {MsgType::run_start, MsgType::activations, MsgType::kv_cache_op, MsgType::cancel})
+    gateway_->subscribe(t, dispatcher_);
+}
+
+HeadConfig head_config(const Topology& topo, ModelCache& models, std::shared_ptr<Router> router) {
+  auto pipeline = [&](const std::string& model) {
+    PipelineRef p;
+    if (model.empty()) return p;
+    p.name = model;
+    p.model = models.get(topo.models.at(model));
+    p.nodes = pipeline_nodes(topo, model);
+    p.first_node = p.nodes.front();
+    return p;
+  };
+  const RunSpec& run = topo.run;
+  HeadConfig hc;
+  hc.strategy = run.strategy;
+  hc.target = pipeline(run.model);
+  hc.draft = pipeline(run.draft);
+  if (!hc.draft.name.empty() && hc.draft.model->hparams().n_vocab != hc.target.model->hparams().n_vocab)
+    throw ConfigError(topo.path + ": run.draft: the draft's vocabulary (" + std::to_string(hc.draft.model->hparams().n_vocab) +
+                      " tokens) differs from the target's (" + std::to_string(hc.target.model->hparams().n_vocab) + ")");
+  hc.router = std::move(router);
+  hc.sampling = {run.temperature, run.top_k, run.top_p, run.min_p, run.seed};
+  hc.n_predict = run.n_predict;
+  hc.metrics_csv = run.metrics_csv;
+  auto param = [&](const char* k, double fallback) {
+    auto it = run.params.find(k);
+    return it == run.params.end() ? fallback : it->second;
+  };
+  SpecParams& sp = hc.spec;
+  sp.n_draft = int(param("n_draft", sp.n_draft));
+  sp.max_micro_batch = int(param("max_micro_batch", sp.max_micro_batch));
+  sp.max_runs = int(param("max_runs", sp.max_runs));
+  sp.p_accept = float(param("p_accept", sp.p_accept));
+  sp.p_recovery = float(param("p_recovery", sp.p_recovery));
+  sp.p_decay = float(param("p_decay", sp.p_decay));
+  sp.cancel = param("cancel", 1) != 0;
+  return hc;
 }
 
 NodeHost::~NodeHost() {

@@ -13,6 +13,7 @@
 #include <caf/actor.hpp>
 
 #include "actors/gateway.hpp"
+#include "actors/head.hpp"
 #include "actors/router.hpp"
 #include "actors/stage.hpp"
 #include "devices/device.hpp"
@@ -69,6 +70,9 @@ class NodeHost {
   caf::actor dispatcher_;
   caf::actor head_;
 };
+
+// The head's configuration for a topology (strategy, pipelines, sampling, parameters).
+HeadConfig head_config(const Topology& topo, ModelCache& models, std::shared_ptr<Router> router);
 
 // The nodes whose stages run `model`, in pipeline order (a node may repeat).
 std::vector<std::string> pipeline_nodes(const Topology& topo, const std::string& model);

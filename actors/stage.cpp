@@ -126,7 +126,11 @@ void schedule_kv_ops(StageState& st, uint64_t run, KvCacheOp ops) {
         }
       }
       // Cache operations travel down the pipeline in order with the runs.
-      if (!ctx->has_head()) cfg.router->send(cfg.next_node, make_envelope(run, ops));
+      if (!ctx->has_head()) {
+        KvCacheOp next = ops;
+        next.layer = ctx->layer_end();
+        cfg.router->send(cfg.next_node, make_envelope(run, std::move(next)));
+      }
     } catch (const std::exception& e) {
       report_error(cfg, run, std::string("KV-cache operation failed: ") + e.what());
     }

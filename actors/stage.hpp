@@ -3,6 +3,7 @@
 // sends the result on: activations to the next stage, logits to the head.
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,20 +26,24 @@ class CancelSet {
  public:
   void add(uint64_t run) {
     std::lock_guard<std::mutex> lk(mu_);
-    ids_.insert(run);
+    if (!ids_.insert(run).second) return;
+    order_.push_back(run);
+    // Bounded: ids are never reused, and a cancel older than this many others is long moot.
+    if (order_.size() > kKeep) {
+      ids_.erase(order_.front());
+      order_.pop_front();
+    }
   }
   bool contains(uint64_t run) const {
     std::lock_guard<std::mutex> lk(mu_);
     return ids_.count(run) != 0;
   }
-  void erase(uint64_t run) {
-    std::lock_guard<std::mutex> lk(mu_);
-    ids_.erase(run);
-  }
 
  private:
+  static constexpr size_t kKeep = 4096;
   mutable std::mutex mu_;
   std::unordered_set<uint64_t> ids_;
+  std::deque<uint64_t> order_;
 };
 
 struct StageConfig {

@@ -101,7 +101,7 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
   if (!runn) e.fail(nullptr, "run", "missing [run] table");
   {
     const auto& r = table_at(e, *runn, "run");
-    check_keys(e, r, "run.", {"model", "strategy", "draft", "n_predict", "n_ctx", "temperature", "top_k", "top_p", "min_p", "seed", "params"});
+    check_keys(e, r, "run.", {"model", "strategy", "draft", "n_predict", "n_ctx", "temperature", "top_k", "top_p", "min_p", "seed", "params", "metrics_csv"});
     RunSpec& s = t.run;
     s.model = get<std::string>(e, r, "run.", "model", t.models.size() == 1 ? t.models.begin()->first : "");
     if (!t.models.count(s.model)) e.fail(r.get("model"), "run.model", "names no model in [models]: '" + s.model + "'");
@@ -118,12 +118,18 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
     s.top_p = get<float>(e, r, "run.", "top_p", 1.0f);
     s.min_p = get<float>(e, r, "run.", "min_p", 0.0f);
     s.seed = get<uint64_t>(e, r, "run.", "seed", 0);
+    s.metrics_csv = resolve_path(base_dir, get<std::string>(e, r, "run.", "metrics_csv", ""));
     if (s.n_predict <= 0) e.fail(r.get("n_predict"), "run.n_predict", "must be positive");
     if (s.temperature < 0) e.fail(r.get("temperature"), "run.temperature", "must not be negative");
     if (const toml::node* p = r.get("params")) {
       for (const auto& [k, v] : table_at(e, *p, "run.params")) {
         auto d = v.value<double>();
         if (!d) e.fail(&v, "run.params." + std::string(k.str()), "expected a number");
+        static const std::set<std::string> known = {"n_draft", "max_micro_batch", "max_runs", "p_accept",
+                                                    "p_recovery", "p_decay", "cancel"};
+        if (!known.count(std::string(k.str())))
+          e.fail(&v, "run.params." + std::string(k.str()),
+                 "unknown parameter (n_draft, max_micro_batch, max_runs, p_accept, p_recovery, p_decay, cancel)");
         s.params[std::string(k.str())] = *d;
       }
     }

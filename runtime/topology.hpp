@@ -57,6 +57,7 @@ struct RunSpec {
   float min_p = 0.0f;
   uint64_t seed = 0;
   std::map<std::string, double> params;  // strategy parameters (n_draft, cutoffs, ...)
+  std::string metrics_csv;               // append one row of metrics per generation
 };
 
 struct Topology {

@@ -1,0 +1,170 @@
+// Plain autoregression and standard speculative decoding (draft a chain, verify it in one
+// target run), both over whatever pipelines the topology gives the target and the draft.
+#include <algorithm>
+
+#include "actors/strategy.hpp"
+#include "speculation/verify.hpp"
+
+namespace specmesh {
+
+namespace {
+
+std::vector<float> rows_of(const Logits& l, size_t want_rows, int n_vocab, uint64_t run) {
+  if (l.rows.size() != want_rows || l.logits.numel() != want_rows * size_t(n_vocab))
+    throw std::runtime_error("run " + std::to_string(run) + ": expected " + std::to_string(want_rows) + " rows of " +
+                             std::to_string(n_vocab) + " logits, got " + std::to_string(l.rows.size()));
+  return l.logits.data.to_vector<float>();
+}
+
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
+// Keeps a pipeline's sequence 0 equal to a prefix of `want`: drops what diverged and returns
+// the tokens still to feed. `cached` mirrors what the pipeline's cache holds.
+std::vector<int32_t> sync_cache(HeadCore& core, const PipelineRef& p, std::vector<int32_t>& cached,
+                                const std::vector<int32_t>& want) {
+  const size_t keep = common_prefix(cached, want);
+  if (keep < cached.size()) core.kv_ops(p, {{KvOpKind::remove, 0, -1, int32_t(keep), -1}});
+  cached.resize(keep);
+  return {want.begin() + keep, want.end()};
+}
+
+// Feeds tokens at the end of `cached` in chunks; logits for the last `tail` of them.
+uint64_t feed(HeadCore& core, const PipelineRef& p, std::vector<int32_t>& cached, const std::vector<int32_t>& toks,
+              size_t tail) {
+  uint64_t last = 0;
+  const size_t n_batch = size_t(core.cfg().n_batch);
+  size_t i = 0;
+  while (i < toks.size()) {
+    // The rows that need logits stay in the final chunk.
+    size_t e = std::min(toks.size(), i + n_batch);
+    if (e < toks.size() && toks.size() - e < tail) e = toks.size() - tail;
+    if (e <= i) e = toks.size();
+    Batch b;
+    for (size_t k = i; k < e; ++k)
+      b.add(toks[k], int32_t(cached.size() + (k - i)), seq_bit(0), k + tail >= toks.size());
+    cached.insert(cached.end(), toks.begin() + i, toks.begin() + e);
+    last = core.launch(p, b, false);
+    i = e;
+  }
+  return last;
+}
+
+class Autoregressive final : public Strategy {
+ public:
+  explicit Autoregressive(HeadCore& c) : c_(c) {}
+  void start() override { awaited_ = feed(c_, c_.cfg().target, cached_, c_.prompt(), 1); }
+  void on_logits(uint64_t run, const Logits& l) override {
+    if (run != awaited_) return;  // an earlier prefill chunk
+    auto row = rows_of(l, 1, c_.vocab(), run);
+    if (!c_.accept(c_.sampler().sample(row.data(), c_.vocab()))) return;
+    awaited_ = feed(c_, c_.cfg().target, cached_, {c_.tokens().back()}, 1);
+  }
+
+ private:
+  HeadCore& c_;
+  std::vector<int32_t> cached_;
+  uint64_t awaited_ = 0;
+};
+
+// Draft k tokens (fewer when the draft's confidence drops below p_accept), verify them in one
+// target batch: greedy matching, or exact stochastic verification at temperature > 0.
+class Speculative final : public Strategy {
+ public:
+  explicit Speculative(HeadCore& c) : c_(c), draft_sampler_(c.sampler().params()) {}
+
+  void start() override { draft_next(); }
+
+  void on_logits(uint64_t run, const Logits& l) override {
+    if (l.pipeline == c_.cfg().draft.name) {
+      if (run == awaited_draft_) on_draft(run, l);
+    } else if (run == awaited_target_) {
+      on_verify(run, l);
+    }
+  }
+
+ private:
+  const SpecParams& sp() const { return c_.cfg().spec; }
+
+  void draft_next() {
+    std::vector<int32_t> want = c_.tokens();
+    want.insert(want.end(), drafts_.begin(), drafts_.end());
+    awaited_draft_ = feed(c_, c_.cfg().draft, draft_cached_, sync_cache(c_, c_.cfg().draft, draft_cached_, want), 1);
+  }
+
+  void on_draft(uint64_t run, const Logits& l) {
+    auto row = rows_of(l, 1, c_.vocab(), run);
+    const float conf = top_probability(row.data(), c_.vocab());
+    const bool confident = conf >= sp().p_accept;
+    if (confident) {
+      if (c_.sampler().greedy()) {
+        drafts_.push_back(Sampler::argmax(row.data(), c_.vocab()));
+      } else {
+        q_.push_back(draft_sampler_.distribution(row.data(), c_.vocab()));
+        drafts_.push_back(c_.sampler().sample_from(q_.back()));
+      }
+    }
+    if (confident && int(drafts_.size()) < sp().n_draft) return draft_next();
+    verify();
+  }
+
+  void verify() {
+    // The last accepted token and the drafts, with logits for each of them.
+    std::vector<int32_t> want = c_.tokens();
+    std::vector<int32_t> pending = sync_cache(c_, c_.cfg().target, target_cached_, want);
+    pending.insert(pending.end(), drafts_.begin(), drafts_.end());
+    if (pending.size() == drafts_.size()) {  // the last accepted token is cached: re-feed it
+      c_.kv_ops(c_.cfg().target, {{KvOpKind::remove, 0, -1, int32_t(target_cached_.size() - 1), -1}});
+      pending.insert(pending.begin(), target_cached_.back());
+      target_cached_.pop_back();
+    }
+    awaited_target_ = feed(c_, c_.cfg().target, target_cached_, pending, drafts_.size() + 1);
+  }
+
+  void on_verify(uint64_t run, const Logits& l) {
+    const size_t k = drafts_.size();
+    auto rows = rows_of(l, k + 1, c_.vocab(), run);
+    Verdict v;
+    if (c_.sampler().greedy()) {
+      v = verify_greedy(drafts_, rows.data(), c_.vocab());
+    } else {
+      std::vector<std::vector<float>> p;
+      for (size_t i = 0; i <= k; ++i) p.push_back(c_.sampler().distribution(rows.data() + i * c_.vocab(), c_.vocab()));
+      v = verify_stochastic(drafts_, p, q_, c_.sampler());
+    }
+    SpecMetrics& m = c_.metrics();
+    m.drafted += k;
+    m.accepted += v.accepted;
+    ++m.verifications;
+    std::vector<int32_t> proposal(drafts_.begin(), drafts_.begin() + v.accepted);
+    drafts_.clear();
+    q_.clear();
+    for (int32_t t : proposal)
+      if (!c_.accept(t)) return;
+    if (!c_.accept(v.next)) return;
+    draft_next();
+  }
+
+  HeadCore& c_;
+  Sampler draft_sampler_;  // the draft's distribution uses the same transforms as the target's
+  std::vector<int32_t> target_cached_, draft_cached_, drafts_;
+  std::vector<std::vector<float>> q_;
+  uint64_t awaited_target_ = 0, awaited_draft_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_pipeinfer(HeadCore& core);
+
+std::unique_ptr<Strategy> make_strategy(HeadCore& core) {
+  const std::string& s = core.cfg().strategy;
+  if (s == "ar") return std::make_unique<Autoregressive>(core);
+  if (s == "spec") return std::make_unique<Speculative>(core);
+  if (s == "pipeinfer") return make_pipeinfer(core);
+  throw std::invalid_argument("unknown strategy '" + s + "' (ar, spec, pipeinfer)");
+}
+
+}  // namespace specmesh

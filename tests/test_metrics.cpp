@@ -1,0 +1,254 @@
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "speculation/metrics.hpp"
+
+using namespace specmesh;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A scratch directory per test, removed afterwards.
+class MetricsCsv : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("specmesh-metrics-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+// RFC 4180 reader: quoted fields may hold separators, doubled quotes and line breaks.
+std::vector<std::vector<std::string>> read_csv(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  std::vector<std::vector<std::string>> records;
+  std::vector<std::string> rec;
+  std::string field;
+  bool quoted = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"') field += text[++i];
+      else if (c == '"') quoted = false;
+      else field += c;
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      rec.push_back(std::move(field));
+      field.clear();
+    } else if (c == '\n') {
+      rec.push_back(std::move(field));
+      field.clear();
+      records.push_back(std::move(rec));
+      rec.clear();
+    } else {
+      field += c;
+    }
+  }
+  EXPECT_TRUE(field.empty() && rec.empty()) << "file does not end with a line break";
+  return records;
+}
+
+SpecMetrics sample_metrics() {
+  SpecMetrics m;
+  m.strategy = "tree, \"wide\"\nv2";  // separator, quotes and a line break all need quoting
+  m.target = "qwen3-1.7b";
+  m.draft = "qwen3-0.6b";
+  m.prompt_tokens = 17;
+  m.generated_tokens = 128;
+  m.ttft_ms = 12.345678901234567;
+  m.mean_itl_ms = 1.0 / 3.0;
+  m.decode_tokens_per_s = 3000.0000000001;
+  m.drafted = 400;
+  m.accepted = 301;
+  m.verifications = 97;
+  m.runs_launched = 110;
+  m.runs_cancelled = 9;
+  m.runs_wasted = 4;
+  return m;
+}
+
+void expect_row(const std::vector<std::string>& row, const SpecMetrics& m) {
+  ASSERT_EQ(row.size(), SpecMetrics::csv_columns().size());
+  EXPECT_EQ(row[0], m.strategy);
+  EXPECT_EQ(row[1], m.target);
+  EXPECT_EQ(row[2], m.draft);
+  EXPECT_EQ(std::stoll(row[3]), m.prompt_tokens);
+  EXPECT_EQ(std::stoll(row[4]), m.generated_tokens);
+  EXPECT_EQ(std::strtod(row[5].c_str(), nullptr), m.ttft_ms);  // exact: shortest round-trip text
+  EXPECT_EQ(std::strtod(row[6].c_str(), nullptr), m.mean_itl_ms);
+  EXPECT_EQ(std::strtod(row[7].c_str(), nullptr), m.decode_tokens_per_s);
+  EXPECT_EQ(std::stoll(row[8]), m.drafted);
+  EXPECT_EQ(std::stoll(row[9]), m.accepted);
+  EXPECT_EQ(std::strtod(row[10].c_str(), nullptr), m.acceptance_rate());
+  EXPECT_EQ(std::stoll(row[11]), m.verifications);
+  EXPECT_EQ(std::strtod(row[12].c_str(), nullptr), m.tokens_per_verification());
+  EXPECT_EQ(std::stoll(row[13]), m.runs_launched);
+  EXPECT_EQ(std::stoll(row[14]), m.runs_cancelled);
+  EXPECT_EQ(std::stoll(row[15]), m.runs_wasted);
+}
+
+TEST(SpecMetrics, DerivedRatios) {
+  SpecMetrics m;
+  EXPECT_EQ(m.acceptance_rate(), 0.0);
+  EXPECT_EQ(m.tokens_per_verification(), 0.0);
+  m.drafted = 10;
+  m.accepted = 7;
+  m.verifications = 4;
+  EXPECT_DOUBLE_EQ(m.acceptance_rate(), 0.7);
+  EXPECT_DOUBLE_EQ(m.tokens_per_verification(), 11.0 / 4.0);  // 7 accepted + one target token each
+}
+
+TEST_F(MetricsCsv, HeaderOnceThenRowsThatRoundTrip) {
+  const fs::path path = dir_ / "runs.csv";
+  const SpecMetrics a = sample_metrics();
+  SpecMetrics b;
+  b.strategy = "autoregressive";
+  b.target = "stories260K";
+  b.generated_tokens = 5;
+  b.ttft_ms = 0.1;
+  a.append_csv(path.string());
+  b.append_csv(path.string());
+  a.append_csv(path.string());
+
+  const auto records = read_csv(path);
+  ASSERT_EQ(records.size(), 4u);
+  EXPECT_EQ(records[0], SpecMetrics::csv_columns());
+  expect_row(records[1], a);
+  expect_row(records[2], b);
+  expect_row(records[3], a);
+  EXPECT_EQ(records[2][2], "");  // no draft model
+
+  // The header appears once in the raw text too.
+  std::ifstream in(path);
+  std::string line;
+  int headers = 0;
+  while (std::getline(in, line)) headers += line.rfind("strategy,target_model,", 0) == 0;
+  EXPECT_EQ(headers, 1);
+}
+
+TEST_F(MetricsCsv, EmptyFileGetsTheHeader) {
+  const fs::path path = dir_ / "empty.csv";
+  std::ofstream(path).close();
+  sample_metrics().append_csv(path.string());
+  const auto records = read_csv(path);
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[0], SpecMetrics::csv_columns());
+}
+
+TEST_F(MetricsCsv, ForeignHeaderIsRefused) {
+  const fs::path path = dir_ / "other.csv";
+  std::ofstream(path) << "name,value\nx,1\n";
+  try {
+    sample_metrics().append_csv(path.string());
+    FAIL() << "appended under a different header";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(MetricsCsv, UnwritablePathIsNamed) {
+  for (const fs::path& path : {dir_ / "no-such-dir" / "runs.csv", dir_}) {
+    try {
+      sample_metrics().append_csv(path.string());
+      FAIL() << "wrote to " << path;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(SpecMetrics, JsonHasEveryColumn) {
+  const SpecMetrics m = sample_metrics();
+  const nlohmann::json j = m.to_json();
+  std::set<std::string> keys;
+  for (const auto& [k, v] : j.items()) keys.insert(k);
+  const auto& cols = SpecMetrics::csv_columns();
+  EXPECT_EQ(keys, std::set<std::string>(cols.begin(), cols.end()));
+  EXPECT_EQ(j["strategy"], m.strategy);
+  EXPECT_EQ(j["target_model"], m.target);
+  EXPECT_EQ(j["draft_model"], m.draft);
+  EXPECT_EQ(j["prompt_tokens"], m.prompt_tokens);
+  EXPECT_EQ(j["generated_tokens"], m.generated_tokens);
+  EXPECT_EQ(j["ttft_ms"], m.ttft_ms);
+  EXPECT_EQ(j["mean_itl_ms"], m.mean_itl_ms);
+  EXPECT_EQ(j["decode_tokens_per_s"], m.decode_tokens_per_s);
+  EXPECT_EQ(j["drafted"], m.drafted);
+  EXPECT_EQ(j["accepted"], m.accepted);
+  EXPECT_EQ(j["acceptance_rate"], m.acceptance_rate());
+  EXPECT_EQ(j["verifications"], m.verifications);
+  EXPECT_EQ(j["tokens_per_verification"], m.tokens_per_verification());
+  EXPECT_EQ(j["runs_launched"], m.runs_launched);
+  EXPECT_EQ(j["runs_cancelled"], m.runs_cancelled);
+  EXPECT_EQ(j["runs_wasted"], m.runs_wasted);
+  // Survives text and the conversion hook.
+  EXPECT_EQ(nlohmann::json::parse(j.dump()), j);
+  const nlohmann::json hook = m;
+  EXPECT_EQ(hook, j);
+}
+
+TEST(TokenRecorder, LatencyFromAcceptanceTimes) {
+  using namespace std::chrono_literals;
+  const auto t0 = TokenRecorder::Clock::now();
+  TokenRecorder rec(t0);
+  rec.accept(1, t0 + 50ms);  // first token: prompt processed
+  rec.accept(3, t0 + 80ms);  // one verification accepting three
+  rec.accept(1, t0 + 100ms);
+  SpecMetrics m;
+  rec.fill(m);
+  EXPECT_EQ(m.generated_tokens, 5);
+  EXPECT_DOUBLE_EQ(m.ttft_ms, 50.0);
+  // Gaps 30, 0, 0, 20 ms after the first token.
+  EXPECT_DOUBLE_EQ(m.mean_itl_ms, 12.5);
+  EXPECT_DOUBLE_EQ(m.decode_tokens_per_s, 80.0);
+  EXPECT_THROW(rec.accept(1, t0 + 90ms), std::invalid_argument);
+  EXPECT_THROW(rec.accept(-1, t0 + 200ms), std::invalid_argument);
+
+  rec.restart(t0 + 1s);
+  EXPECT_THROW(rec.accept(1, t0), std::invalid_argument);  // before the start
+  rec.accept(1, t0 + 1s + 7ms);
+  rec.fill(m);
+  EXPECT_EQ(m.generated_tokens, 1);
+  EXPECT_DOUBLE_EQ(m.ttft_ms, 7.0);
+  EXPECT_EQ(m.mean_itl_ms, 0.0);
+  EXPECT_EQ(m.decode_tokens_per_s, 0.0);
+
+  // All at once: no interval to measure a rate over.
+  rec.restart(t0);
+  rec.accept(4, t0 + 10ms);
+  rec.fill(m);
+  EXPECT_EQ(m.generated_tokens, 4);
+  EXPECT_EQ(m.mean_itl_ms, 0.0);
+  EXPECT_EQ(m.decode_tokens_per_s, 0.0);
+}
+
+TEST(TokenRecorder, DefaultsToTheSteadyClock) {
+  TokenRecorder rec;
+  rec.accept();
+  rec.accept(2);
+  SpecMetrics m;
+  rec.fill(m);
+  EXPECT_EQ(m.generated_tokens, 3);
+  EXPECT_GE(m.ttft_ms, 0.0);
+  EXPECT_LT(m.ttft_ms, 10000.0);
+}
+
+}  // namespace
