@@ -1,5 +1,7 @@
 #include "actors/stage.hpp"
 
+#include <chrono>
+
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
@@ -55,11 +57,13 @@ void schedule_forward(StageState& st, uint64_t run, RunStart meta, std::optional
   auto job = std::make_shared<DeviceJob>();
   job->run = [ctx = st.ctx, cfg = st.cfg, cancelled = st.cancelled, stats = st.stats, run, meta = std::move(meta),
               hidden_in = std::move(hidden_in)](ThreadPool&) -> WorkCost {
+    const auto t0 = std::chrono::steady_clock::now();
     if (cancelled->contains(run)) {
       ++stats->runs_cancelled;
       return {};
     }
     WorkCost cost;
+    int layers_done = 0;
     try {
       Batch batch = to_batch(meta);
       cost = ctx->cost(batch);
@@ -77,13 +81,18 @@ void schedule_forward(StageState& st, uint64_t run, RunStart meta, std::optional
           hidden = hidden_copy.data();
         }
       }
-      int layers_done = 0;
+      // With a timing profile each layer takes its modelled share of the time, and a cancel
+      // is honoured between layers.
+      const int n_layers = ctx->layer_end() - ctx->layer_begin();
+      const double modelled = cfg.device_state->modelled_seconds(cost);
       ctx->set_cancel_check([&] {
+        cfg.device_state->pace(t0, modelled * layers_done / std::max(1, n_layers));
         if (cancelled->contains(run)) return true;
         ++layers_done;
         return false;
       });
       ForwardOutput out = ctx->forward(batch, hidden);
+      cfg.device_state->pace(t0, modelled);
       stats->layers_computed += layers_done;
       ++stats->runs;
       if (ctx->has_head()) {
@@ -104,10 +113,11 @@ void schedule_forward(StageState& st, uint64_t run, RunStart meta, std::optional
       }
     } catch (const ForwardCancelled&) {
       ++stats->runs_cancelled;
+      stats->layers_computed += layers_done;
     } catch (const std::exception& e) {
       report_error(cfg, run, e.what());
     }
-    return cost;
+    return {};  // paced above
   };
   caf::anon_send(st.cfg.device, compute_atom::value, std::move(job));
 }

@@ -183,7 +183,7 @@ class PipeInfer final : public Strategy {
       rebuild_chain();
     }
     if (!drafting_ && int(inflight_.size()) < sp().max_runs && !free_.empty() &&
-        int(chain_.size()) - accepted() < kMaxAhead)
+        int(chain_.size()) - accepted() < sp().max_runs * std::clamp(sp().max_micro_batch, 1, 4))
       start_draft();
   }
 
@@ -258,8 +258,6 @@ class PipeInfer final : public Strategy {
     cut_ = std::min(0.99f, cut_ + sp().p_recovery);  // deeper speculation needs more confidence
     rebuild_chain();
   }
-
-  static constexpr int kMaxAhead = 16;  // speculative tokens beyond the accepted ones
 
   HeadCore& c_;
   std::deque<RunInfo> inflight_;

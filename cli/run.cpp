@@ -10,6 +10,7 @@
 
 #include "actors/node.hpp"
 #include "cli/commands.hpp"
+#include "cli/output.hpp"
 #include "runtime/runtime.hpp"
 
 namespace specmesh {
@@ -44,17 +45,7 @@ int run_topology(const RunOptions& o) {
     return true;
   });
   if (o.json) {
-    nlohmann::json j;
-    j["prompt_ids"] = r.prompt_ids;
-    j["ids"] = r.ids;
-    j["text"] = r.text;
-    j["stats"] = {{"prompt_tokens", r.stats.prompt_tokens},
-                  {"generated_tokens", r.stats.generated_tokens},
-                  {"ttft_ms", r.stats.ttft_ms},
-                  {"decode_tokens_per_s", r.stats.decode_tokens_per_s},
-                  {"total_ms", r.stats.total_ms}};
-    if (!r.ok()) j["error"] = r.error;
-    std::puts(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    std::puts(dump(result_json(r)).c_str());
   } else {
     std::printf("\n");
   }

@@ -27,6 +27,15 @@ void Device::execute(const std::function<WorkCost(ThreadPool&)>& job) {
   }
 }
 
+void Device::pace(std::chrono::steady_clock::time_point start, double seconds) {
+  if (seconds <= 0) return;
+  const auto until = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+  const auto now = std::chrono::steady_clock::now();
+  if (until <= now) return;
+  modelled_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(until - now).count();
+  std::this_thread::sleep_until(until);
+}
+
 caf::actor spawn_device_actor(caf::actor_system& sys, std::shared_ptr<Device> device) {
   return sys.spawn<caf::detached>([device](caf::event_based_actor* self) -> caf::behavior {
     (void)self;

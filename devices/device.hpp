@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -34,6 +35,12 @@ class Device {
   // Runs one job now (on the calling thread, using the pool) and then waits out the rest of
   // the modelled duration of the cost it reports.
   void execute(const std::function<WorkCost(ThreadPool&)>& job);
+
+  // For jobs that pace themselves (a forward pass paces layer by layer, so a cancel can land
+  // between layers and results leave only when the modelled hardware would have them):
+  // the modelled duration of `cost` (0 without a profile), and a sleep until start + seconds.
+  double modelled_seconds(const WorkCost& cost) const { return profile_ ? profile_->seconds(cost) : 0.0; }
+  void pace(std::chrono::steady_clock::time_point start, double seconds);
 
   // Counters for tests and metrics.
   std::atomic<uint64_t> jobs{0};

@@ -105,6 +105,15 @@ GenerationResult Runtime::generate(GenerationRequest request, StreamCallback on_
   return submit(std::move(request), std::move(on_token))->wait();
 }
 
+std::vector<Runtime::StageCounters> Runtime::stage_counters() const {
+  std::vector<StageCounters> out;
+  for (const auto& n : impl_->nodes)
+    for (const auto& s : n->stages())
+      out.push_back({n->name(), s.pipeline, s.layer_begin, s.layer_end, s.stats->runs.load(),
+                     s.stats->layers_computed.load(), s.stats->runs_cancelled.load()});
+  return out;
+}
+
 const Topology& Runtime::topology() const { return impl_->topo; }
 const Tokenizer& Runtime::tokenizer() const { return impl_->head_model->tokenizer(); }
 

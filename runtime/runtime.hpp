@@ -52,6 +52,14 @@ class Runtime {
   // Blocking form of submit().
   GenerationResult generate(GenerationRequest request, StreamCallback on_token = {});
 
+  // Work done by the stages hosted in this process (for metrics and tests).
+  struct StageCounters {
+    std::string node, pipeline;
+    int layer_begin = 0, layer_end = 0;
+    uint64_t runs = 0, layers_computed = 0, runs_cancelled = 0;
+  };
+  std::vector<StageCounters> stage_counters() const;
+
   const Topology& topology() const;
   const Tokenizer& tokenizer() const;
 

@@ -7,7 +7,10 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <cmath>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "model/context.hpp"
 #include "model/generate.hpp"
@@ -115,4 +118,107 @@ TEST(Lossless, SpecAndPipeInferOverThreeProcesses) {
   expect_lossless("spec", "ipc", 3, "n_draft = 4");
   expect_lossless("pipeinfer", "ipc", 3, "cancel = 1");
   expect_lossless("pipeinfer", "ipc", 3, "cancel = 0");
+}
+
+namespace {
+
+// Per-position token counts of `runs` sampled generations of `n` tokens at temperature 1.
+std::vector<std::map<int32_t, int>> sample_counts(const std::string& strategy, int runs, int n) {
+  const std::string target = "stories260K", draft = "stories260K-draft-tiny";
+  auto rt = Runtime::open(topology(target, draft, strategy, 1, "inproc", "n_draft = 3\np_accept = 0.0"), opts("inproc"));
+  std::vector<std::map<int32_t, int>> counts(n);
+  for (int i = 0; i < runs; ++i) {
+    SamplerParams sp{.temperature = 1.0f, .seed = uint64_t(1000 + i)};
+    auto r = rt->generate({.prompt = "Once upon a time", .n_predict = n, .sampling = sp, .ignore_eos = true});
+    EXPECT_TRUE(r.ok()) << r.error;
+    for (int k = 0; k < n && k < int(r.ids.size()); ++k) ++counts[k][r.ids[k]];
+  }
+  return counts;
+}
+
+// Two-sample chi-square statistic (homogeneity) over tokens seen at least 10 times in all;
+// rarer tokens are pooled into one category. Returns {statistic, degrees of freedom}.
+std::pair<double, int> homogeneity(const std::map<int32_t, int>& a, const std::map<int32_t, int>& b) {
+  std::map<int32_t, std::pair<double, double>> cat;
+  for (auto [t, c] : a) cat[t].first += c;
+  for (auto [t, c] : b) cat[t].second += c;
+  std::vector<std::pair<double, double>> cells;
+  std::pair<double, double> rare{0, 0};
+  for (auto& [t, ab] : cat) {
+    if (ab.first + ab.second >= 10) cells.push_back(ab);
+    else rare.first += ab.first, rare.second += ab.second;
+  }
+  if (rare.first + rare.second > 0) cells.push_back(rare);
+  double na = 0, nb = 0;
+  for (auto& c : cells) na += c.first, nb += c.second;
+  double chi2 = 0;
+  for (auto& c : cells) {
+    const double tot = c.first + c.second;
+    const double ea = tot * na / (na + nb), eb = tot * nb / (na + nb);
+    chi2 += (c.first - ea) * (c.first - ea) / ea + (c.second - eb) * (c.second - eb) / eb;
+  }
+  return {chi2, int(cells.size()) - 1};
+}
+
+// Upper 0.1% point of chi-square with k degrees of freedom (Wilson-Hilferty approximation).
+double chi2_critical(int k) {
+  const double z = 3.0902;  // standard normal upper 0.1%
+  const double h = 2.0 / (9.0 * k);
+  return k * std::pow(1 - h + z * std::sqrt(h), 3);
+}
+
+}  // namespace
+
+// Stochastic speculative decoding samples from the target's distribution: the tokens it emits
+// at each position are distributed like plain sampling's.
+TEST(Stochastic, SpecTokenFrequenciesMatchAutoregression) {
+  SPECMESH_REQUIRE_REFDATA();
+  const int runs = 600, n = 4;
+  auto ar = sample_counts("ar", runs, n);
+  auto spec = sample_counts("spec", runs, n);
+  for (int k = 0; k < n; ++k) {
+    auto [chi2, dof] = homogeneity(ar[k], spec[k]);
+    ASSERT_GT(dof, 0);
+    EXPECT_LT(chi2, chi2_critical(dof)) << "position " << k << ": chi2 " << chi2 << " with " << dof << " dof";
+  }
+  // The positions after the first really vary (a test on constant outputs would prove nothing).
+  EXPECT_GT(ar[1].size(), 3u);
+}
+
+// Early cancellation removes work: with slow target stages and a weak draft, fewer stage
+// layers are computed with cancellation on, for the same (lossless) output.
+TEST(Cancellation, RemovesStageWork) {
+  SPECMESH_REQUIRE_REFDATA();
+  auto layers = [&](bool cancel) {
+    std::string path = topology("stories-target-1M", "stories260K-draft-tiny", "pipeinfer", 6, "inproc",
+                                std::string("cancel = ") + (cancel ? "1" : "0") + "\np_accept = 0.0\nmax_runs = 8");
+    // Slow target devices (2 ms per layer) so speculative runs are still in the pipeline when
+    // their verdict is known.
+    std::string text;
+    {
+      std::ifstream in(path);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      text = ss.str();
+    }
+    for (int i = 0; i < 6; ++i) {
+      const std::string dev = "[devices.cpu" + std::to_string(i) + "]\nnode = \"n" + std::to_string(i) + "\"\n";
+      text.replace(text.find(dev), dev.size(), dev + "profile = { layer_ms = 2.0 }\n");
+    }
+    std::ofstream(path) << text;
+    auto rt = Runtime::open(path, opts("inproc"));
+    auto r = rt->generate({.prompt = "Once upon a time", .n_predict = 48});
+    EXPECT_TRUE(r.ok()) << r.error;
+    EXPECT_EQ(r.ids, reference("stories-target-1M", "Once upon a time", 48));
+    uint64_t total = 0;
+    for (const auto& s : rt->stage_counters())
+      if (s.pipeline == "target") total += s.layers_computed;
+    if (cancel) EXPECT_GT(r.metrics.runs_cancelled, 0);
+    std::printf("cancel=%d: %s\n", int(cancel), r.metrics.to_json().dump().c_str());
+    return total;
+  };
+  const uint64_t with = layers(true), without = layers(false);
+  std::printf("stage-layers computed: %llu with cancellation, %llu without\n", (unsigned long long)with,
+              (unsigned long long)without);
+  EXPECT_LT(with, without);
 }
