@@ -1,0 +1,122 @@
+// ar vs spec vs pipeinfer on an emulated 4-node cluster, with real tokens from the refdata
+// model pairs: the head and the draft on a fast node, the target split over three slow
+// nodes joined by a gigabit link. Device timing profiles stand in for the slow hardware;
+// every token is really computed and checked against plain autoregression.
+//
+//   bench_strategies [--refdata DIR] [--tokens 64] [--layer-ms 4] [--draft-layer-ms 0.25]
+//                    [--csv results.csv]
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/runtime.hpp"
+
+using namespace specmesh;
+
+namespace {
+
+struct Options {
+  std::string refdata = "../shared/refdata";
+  int tokens = 64;
+  double layer_ms = 4.0, token_ms = 0.05, draft_layer_ms = 0.25;
+  std::string csv;
+};
+
+std::string write_topology(const Options& o, const std::string& target, const std::string& draft,
+                           const std::string& strategy) {
+  static int n = 0;
+  const std::string dir = std::filesystem::temp_directory_path() / ("specmesh-bench-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/cluster-" + std::to_string(n++) + ".toml";
+  std::ofstream f(path);
+  f << "link = \"gigabit\"\n";
+  f << "[run]\nmodel = \"target\"\ndraft = \"draft\"\nstrategy = \"" << strategy << "\"\nn_predict = " << o.tokens << "\n";
+  if (!o.csv.empty()) f << "metrics_csv = \"" << std::filesystem::absolute(o.csv).string() << "\"\n";
+  f << "[run.params]\nn_draft = 4\np_accept = 0.4\nmax_runs = 6\nmax_micro_batch = 4\n";
+  f << "[models.target]\npath = \"" << o.refdata << "/gguf-models/" << target << ".gguf\"\n";
+  f << "[models.draft]\npath = \"" << o.refdata << "/gguf-models/" << draft << ".gguf\"\n";
+  const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(n);
+  f << "[nodes.head]\nendpoint = \"inproc://bench-head-" << tag << "\"\nhead = true\n";
+  for (int i = 0; i < 3; ++i) f << "[nodes.slow" << i << "]\nendpoint = \"inproc://bench-slow" << i << "-" << tag << "\"\n";
+  f << "[devices.fast]\nnode = \"head\"\nprofile = { layer_ms = " << o.draft_layer_ms << ", layer_token_ms = 0.01 }\n";
+  for (int i = 0; i < 3; ++i)
+    f << "[devices.slow" << i << "]\nnode = \"slow" << i << "\"\nprofile = { layer_ms = " << o.layer_ms
+      << ", layer_token_ms = " << o.token_ms << " }\n";
+  for (int i = 0; i < 3; ++i) f << "[[stages]]\nmodel = \"target\"\ndevice = \"slow" << i << "\"\nfraction = 0.3334\n";
+  f << "[[stages]]\nmodel = \"draft\"\ndevice = \"fast\"\nfraction = 1.0\n";
+  return path;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i], v = argv[i + 1];
+    if (a == "--refdata") o.refdata = v;
+    else if (a == "--tokens") o.tokens = std::stoi(v);
+    else if (a == "--layer-ms") o.layer_ms = std::stod(v);
+    else if (a == "--draft-layer-ms") o.draft_layer_ms = std::stod(v);
+    else if (a == "--csv") o.csv = v;
+    else {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if (const char* env = std::getenv("SPECMESH_REFDATA")) o.refdata = env;
+  o.refdata = std::filesystem::absolute(o.refdata).string();
+  if (!std::filesystem::exists(o.refdata + "/gguf-models/stories260K.gguf")) {
+    std::fprintf(stderr, "reference models not found under %s (--refdata DIR)\n", o.refdata.c_str());
+    return 2;
+  }
+  const std::vector<std::pair<std::string, std::string>> pairs = {
+      {"stories-target-1M", "stories260K"},
+      {"stories-target-1M", "stories260K-draft-small"},
+      {"stories-target-1M", "stories260K-draft-tiny"},
+      {"stories260K", "stories260K-draft-small"},
+  };
+  const std::vector<std::string> prompts = {"Once upon a time", "Lily and Tom", "Tom had a big red ball"};
+  std::printf("# emulated cluster: 3 slow target nodes (%.2f ms/layer), draft on a fast node (%.2f ms/layer), gigabit link, %d tokens x %zu prompts\n",
+              o.layer_ms, o.draft_layer_ms, o.tokens, prompts.size());
+  std::printf("%-20s %-24s %-10s %10s %10s %8s %8s %10s %10s\n", "target", "draft", "strategy", "tok/s", "ttft ms", "accept",
+              "tok/ver", "cancelled", "lossless");
+  for (const auto& [target, draft] : pairs) {
+    std::map<std::string, double> tps, ttft;
+    std::vector<std::vector<int32_t>> reference;
+    for (const std::string strategy : {"ar", "spec", "pipeinfer"}) {
+      auto rt = Runtime::open(write_topology(o, target, draft, strategy));
+      double tokens = 0, seconds = 0, first = 0, accepted = 0, drafted = 0, verifs = 0, cancelled = 0;
+      bool lossless = true;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        auto r = rt->generate({.prompt = prompts[i], .n_predict = o.tokens, .ignore_eos = true});
+        if (!r.ok()) {
+          std::fprintf(stderr, "%s: %s\n", strategy.c_str(), r.error.c_str());
+          return 1;
+        }
+        if (strategy == "ar") reference.push_back(r.ids);
+        else lossless = lossless && r.ids == reference[i];
+        tokens += r.stats.generated_tokens - 1;
+        seconds += (r.stats.total_ms - r.stats.ttft_ms) / 1000.0;
+        first += r.stats.ttft_ms;
+        accepted += r.metrics.accepted;
+        drafted += r.metrics.drafted;
+        verifs += r.metrics.verifications;
+        cancelled += r.metrics.runs_cancelled;
+      }
+      tps[strategy] = tokens / seconds;
+      ttft[strategy] = first / prompts.size();
+      std::printf("%-20s %-24s %-10s %10.2f %10.2f %8.2f %8.2f %10.0f %10s\n", target.c_str(), draft.c_str(),
+                  strategy.c_str(), tps[strategy], ttft[strategy], drafted > 0 ? accepted / drafted : 0.0,
+                  verifs > 0 ? (accepted + verifs) / verifs : 0.0, cancelled, lossless ? "yes" : "NO");
+      std::fflush(stdout);
+    }
+    std::printf("%-20s %-24s pipeinfer/spec tok/s %.2fx, pipeinfer/ar %.2fx, ttft pipeinfer/ar %.2f\n", "", "",
+                tps["pipeinfer"] / tps["spec"], tps["pipeinfer"] / tps["ar"], ttft["pipeinfer"] / ttft["ar"]);
+  }
+  return 0;
+}
