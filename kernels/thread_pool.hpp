@@ -1,9 +1,14 @@
 // A fixed pool of worker threads that run one data-parallel job at a time.
+//
+// A decode step hands the pool a few hundred short jobs (one per matmul); waking a sleeping
+// thread costs tens of microseconds, so workers spin briefly on the job counter before they
+// block, and the caller spins for the stragglers the same way.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -21,6 +26,7 @@ class ThreadPool {
   int size() const { return n_threads_; }
 
   // Runs fn(ith, nth) on every thread (ith in [0, nth)) and returns when all are done.
+  // Not reentrant: one caller at a time (a device actor serialises its jobs).
   void run(const std::function<void(int ith, int nth)>& fn);
 
   // Splits [0, n) into contiguous ranges, one per thread, and calls fn(begin, end) for each.
@@ -35,9 +41,11 @@ class ThreadPool {
   std::condition_variable cv_start_;
   std::condition_variable cv_done_;
   const std::function<void(int, int)>* job_ = nullptr;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  int sleepers_ = 0;     // workers blocked on cv_start_ (guarded by mu_)
+  bool caller_waiting_ = false;
+  std::atomic<bool> stop_{false};
 };
 
 }  // namespace specmesh
