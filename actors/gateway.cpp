@@ -265,6 +265,8 @@ struct Gateway::Impl {
   std::unique_ptr<InlineUnit> inline_unit;  // I/O thread only; created on first inline delivery
 
   std::atomic<uint64_t> n_sent{0}, n_received{0}, n_delivered{0}, n_unrouted{0}, n_send_dropped{0};
+  static constexpr std::size_t kMaxHeld = 65536;
+  std::array<std::deque<std::pair<std::string, Envelope>>, kMsgTypeMax + 1> held;  // guarded by sub_mu
   std::array<std::atomic<uint64_t>, kRejectReasonCount> n_rejected{};
 
   std::thread io;
@@ -340,11 +342,18 @@ struct Gateway::Impl {
       // A copy, so handlers running inline may (un)subscribe without deadlocking.
       std::lock_guard<std::mutex> g(sub_mu);
       targets = subs[static_cast<std::size_t>(env.type())];
-    }
-    if (targets.empty()) {
-      n_unrouted.fetch_add(1, std::memory_order_relaxed);
-      spdlog::debug("gateway '{}': no subscriber for {} from '{}'", cfg.node, to_string(env.type()), from);
-      return;
+      if (targets.empty()) {
+        // Peers may talk before this process has subscribed its actors: hold the message
+        // for the first subscriber (bounded; the oldest goes when full).
+        auto& h = held[static_cast<std::size_t>(env.type())];
+        if (h.size() >= kMaxHeld) {
+          h.pop_front();
+          n_unrouted.fetch_add(1, std::memory_order_relaxed);
+          spdlog::debug("gateway '{}': no subscriber for {} from '{}'", cfg.node, to_string(env.type()), from);
+        }
+        h.emplace_back(from, std::move(env));
+        return;
+      }
     }
     n_delivered.fetch_add(targets.size(), std::memory_order_relaxed);
     if (targets.size() == 1) {
@@ -689,6 +698,17 @@ bool Gateway::send(const std::string& peer, Envelope env) {
 void Gateway::subscribe(MsgType type, caf::actor who, Delivery how) {
   if (!who) throw std::invalid_argument("Gateway::subscribe: invalid actor handle");
   std::lock_guard<std::mutex> g(impl_->sub_mu);
+  auto& held = impl_->held[static_cast<std::size_t>(type)];
+  // Messages that arrived before anyone subscribed go first, in order; the I/O thread waits
+  // on sub_mu meanwhile, so nothing newer overtakes them.
+  for (auto& [from, env] : held) {
+    const auto id = caf::make_message_id(is_control(env.type()) ? caf::message_priority::high
+                                                                : caf::message_priority::normal);
+    impl_->n_delivered.fetch_add(1, std::memory_order_relaxed);
+    caf::actor_cast<caf::abstract_actor*>(who)->enqueue(caf::make_mailbox_element(nullptr, id, {}, from, std::move(env)),
+                                                       nullptr);
+  }
+  held.clear();
   impl_->subs[static_cast<std::size_t>(type)].push_back({std::move(who), how});
 }
 

@@ -131,7 +131,7 @@ struct GatewayStats {
   uint64_t sent = 0;         // messages handed to ZeroMQ
   uint64_t received = 0;     // messages accepted (including heartbeats)
   uint64_t delivered = 0;    // deliveries to local actors (one per subscriber)
-  uint64_t unrouted = 0;     // accepted messages with no subscriber for their type
+  uint64_t unrouted = 0;     // messages dropped while held for a type nobody subscribed to yet
   uint64_t send_dropped = 0; // heartbeats dropped because the peer's queue was full
   std::array<uint64_t, kRejectReasonCount> rejected{};
   uint64_t rejected_total() const;

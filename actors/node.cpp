@@ -116,14 +116,16 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
   if (node == topo.head_node) {
     head_ = spawn_head(sys, head_config(topo, models, router_));
     actors_.push_back(head_);
-    gateway_->subscribe(MsgType::logits, head_);
-    gateway_->subscribe(MsgType::error, head_);
+    // The head's handlers are short (sample, launch the next run): running them on the
+    // gateway thread saves a thread wake-up per token.
+    gateway_->subscribe(MsgType::logits, head_, Delivery::inline_io);
+    gateway_->subscribe(MsgType::error, head_, Delivery::inline_io);
   }
   dispatcher_ = spawn_dispatcher(sys, node, routes, head_);
   actors_.push_back(dispatcher_);
   router_->set_local(dispatcher_);
   for (MsgType t : {MsgType::run_start, MsgType::activations, MsgType::kv_cache_op, MsgType::cancel})
-    gateway_->subscribe(t, dispatcher_);
+    gateway_->subscribe(t, dispatcher_, Delivery::inline_io);  // it only forwards
 }
 
 HeadConfig head_config(const Topology& topo, ModelCache& models, std::shared_ptr<Router> router) {

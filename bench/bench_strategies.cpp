@@ -4,7 +4,7 @@
 // every token is really computed and checked against plain autoregression.
 //
 //   bench_strategies [--refdata DIR] [--tokens 64] [--layer-ms 4] [--draft-layer-ms 0.25]
-//                    [--csv results.csv]
+//                    [--max-runs 8] [--n-draft 4] [--p-accept 0.4] [--csv results.csv]
 #include <unistd.h>
 
 #include <cstdio>
@@ -24,6 +24,8 @@ struct Options {
   std::string refdata = "../shared/refdata";
   int tokens = 64;
   double layer_ms = 4.0, token_ms = 0.05, draft_layer_ms = 0.25;
+  int max_runs = 8, n_draft = 4;
+  double p_accept = 0.4;
   std::string csv;
 };
 
@@ -37,7 +39,8 @@ std::string write_topology(const Options& o, const std::string& target, const st
   f << "link = \"gigabit\"\n";
   f << "[run]\nmodel = \"target\"\ndraft = \"draft\"\nstrategy = \"" << strategy << "\"\nn_predict = " << o.tokens << "\n";
   if (!o.csv.empty()) f << "metrics_csv = \"" << std::filesystem::absolute(o.csv).string() << "\"\n";
-  f << "[run.params]\nn_draft = 4\np_accept = 0.4\nmax_runs = 6\nmax_micro_batch = 4\n";
+  f << "[run.params]\nn_draft = " << o.n_draft << "\np_accept = " << o.p_accept << "\nmax_runs = " << o.max_runs
+    << "\nmax_micro_batch = 4\n";
   f << "[models.target]\npath = \"" << o.refdata << "/gguf-models/" << target << ".gguf\"\n";
   f << "[models.draft]\npath = \"" << o.refdata << "/gguf-models/" << draft << ".gguf\"\n";
   const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(n);
@@ -63,6 +66,9 @@ int main(int argc, char** argv) {
     else if (a == "--layer-ms") o.layer_ms = std::stod(v);
     else if (a == "--draft-layer-ms") o.draft_layer_ms = std::stod(v);
     else if (a == "--csv") o.csv = v;
+    else if (a == "--max-runs") o.max_runs = std::stoi(v);
+    else if (a == "--n-draft") o.n_draft = std::stoi(v);
+    else if (a == "--p-accept") o.p_accept = std::stod(v);
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;

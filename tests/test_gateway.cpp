@@ -3,6 +3,8 @@
 // data, and peer-down reporting for dead, frozen and unreachable peers.
 #include "actors/gateway.hpp"
 
+#include "ports.hpp"
+
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/all.hpp>
@@ -67,27 +69,7 @@ std::string ipc_ep() {
   return "ipc://" + path;
 }
 
-// Two consecutive free loopback ports (data and control).
-int free_port_pair() {
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    int s = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-    int port = ntohs(a.sin_port);
-    int s2 = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in b = a;
-    b.sin_port = htons(port + 1);
-    bool ok = port < 65534 && ::bind(s2, reinterpret_cast<sockaddr*>(&b), sizeof b) == 0;
-    ::close(s2);
-    ::close(s);
-    if (ok) return port;
-  }
-  throw std::runtime_error("no free port pair");
-}
+using test::free_port_pair;
 
 bool has_ipv6_loopback() {
   int s = ::socket(AF_INET6, SOCK_STREAM, 0);

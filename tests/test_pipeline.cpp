@@ -16,6 +16,7 @@
 #include "model/context.hpp"
 #include "model/generate.hpp"
 #include "model/synthetic.hpp"
+#include "ports.hpp"
 #include "refdata.hpp"
 #include "runtime/runtime.hpp"
 
@@ -33,14 +34,10 @@ std::string tmpdir() {
   return dir;
 }
 
-int free_port() {
-  static std::atomic<int> next{25000 + (::getpid() % 2000) * 10};
-  return next += 2;  // data and control ports
-}
 
 std::string endpoint(const std::string& transport, const std::string& name) {
   if (transport == "ipc") return "ipc://" + tmpdir() + "/" + name + ".ipc";
-  if (transport == "tcp") return "tcp://127.0.0.1:" + std::to_string(free_port());
+  if (transport == "tcp") return "tcp://127.0.0.1:" + std::to_string(test::free_port_pair());
   static std::atomic<int> n{0};
   return "inproc://" + name + "-" + std::to_string(n++);
 }
