@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "actors/node.hpp"
+#include "runtime/node.hpp"
 #include "cli/commands.hpp"
 #include "cli/output.hpp"
 #include "runtime/runtime.hpp"

@@ -9,7 +9,7 @@
 #include <caf/send.hpp>
 #include <spdlog/spdlog.h>
 
-#include "actors/node.hpp"
+#include "runtime/node.hpp"
 
 namespace specmesh {
 

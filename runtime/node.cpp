@@ -1,4 +1,4 @@
-#include "actors/node.hpp"
+#include "runtime/node.hpp"
 
 #include <thread>
 
