@@ -151,6 +151,7 @@ struct HeadState {
 void settle(HeadState& st) {
   for (;;) {
     if (st.core && st.core->done()) {
+      st.strategy->abandon();
       st.strategy.reset();
       st.core.reset();
     }

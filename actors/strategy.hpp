@@ -63,6 +63,9 @@ class Strategy {
   virtual ~Strategy() = default;
   virtual void start() = 0;
   virtual void on_logits(uint64_t run, const Logits& logits) = 0;
+  // The session is over: drop whatever is still in flight so the next one does not queue
+  // behind it.
+  virtual void abandon() {}
 };
 
 std::unique_ptr<Strategy> make_strategy(HeadCore& core);

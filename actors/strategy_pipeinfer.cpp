@@ -55,6 +55,13 @@ class PipeInfer final : public Strategy {
     pump();
   }
 
+  void abandon() override {
+    std::vector<uint64_t> runs;
+    for (const RunInfo& r : inflight_) runs.push_back(r.id);
+    c_.cancel(target(), runs);
+    inflight_.clear();
+  }
+
   void on_logits(uint64_t run, const Logits& l) override {
     if (l.pipeline == c_.cfg().draft.name) return on_draft(run, l);
     auto it = std::find_if(inflight_.begin(), inflight_.end(), [&](const RunInfo& r) { return r.id == run; });
