@@ -286,9 +286,6 @@ struct Gateway::Impl {
     s.set(zmq::sockopt::heartbeat_ivl, static_cast<int>(cfg.heartbeat.count()));
     s.set(zmq::sockopt::heartbeat_timeout, static_cast<int>(cfg.peer_timeout.count()));
     s.set(zmq::sockopt::heartbeat_ttl, static_cast<int>(cfg.peer_timeout.count()));
-    // Peers of a topology start together: retry a connection to a not-yet-bound peer after
-    // 10 ms rather than ZeroMQ's default 100 ms, which would delay the first token.
-    s.set(zmq::sockopt::reconnect_ivl, 10);
   }
 
   void open() {
