@@ -3,7 +3,8 @@
 // The target pipeline always has a non-speculative run of the newest accepted token in
 // flight (it writes straight into the canonical sequence 0 and always completes). Whenever
 // fewer than max_runs target runs are in flight, the head asks the draft pipeline for a
-// micro-batch of 1-4 tokens continuing the speculative chain (accepted tokens followed by
+// micro-batch of 1-4 tokens (as many as clear the confidence cutoff, at least one: an idle
+// pipeline is the worst use of it) continuing the speculative chain (accepted tokens followed by
 // the inputs of the valid runs in flight) and launches it as a speculative run in its own
 // KV sequence partition, which first borrows the canonical cells and the cells of the runs
 // it builds on (metadata copies, no data moves). Logits come back in launch order; each
@@ -224,21 +225,25 @@ class PipeInfer final : public Strategy {
     if (l.rows.size() != 1 || l.logits.numel() != size_t(V)) throw std::runtime_error("draft run: expected one row of logits");
     std::vector<float> row = l.logits.data.to_vector<float>();
     const float conf = top_probability(row.data(), V);
-    if (conf >= cut_) {
+    if (conf < cutoff() && mb_.empty()) {
+      // Speculation would yield nothing and the head would idle: loosen the cutoff and
+      // launch this one token anyway.
+      cut_ = std::max(0.0f, cut_ - sp().p_decay);
+    }
+    if (conf >= cutoff() || mb_.empty()) {
       const int32_t d = Sampler::argmax(row.data(), V);
       mb_.push_back(d);
       draft_ctx_.push_back(d);
       if (int(mb_.size()) < std::clamp(sp().max_micro_batch, 1, 4)) return feed_draft();
     }
     drafting_ = false;
-    if (mb_.empty()) {
-      // Speculation yielded nothing: loosen the cutoff so the next attempt can go ahead.
-      cut_ = std::max(0.0f, cut_ - sp().p_decay);
-      return;
-    }
     launch_speculative();
     pump();
   }
+
+  // The draft confidence a token needs: the base cutoff plus the recovery factor for every
+  // speculative run already launched since the last target result.
+  float cutoff() const { return std::min(0.99f, cut_ + sp().p_recovery * burst_); }
 
   void launch_speculative() {
     if (free_.empty() || draft_ctx_.size() != chain_.size() + mb_.size()) return;
@@ -261,8 +266,7 @@ class PipeInfer final : public Strategy {
     r.id = c_.launch(target(), b, true);
     c_.metrics().drafted += mb_.size();
     inflight_.push_back(std::move(r));
-    ++burst_;
-    cut_ = std::min(0.99f, cut_ + sp().p_recovery);  // deeper speculation needs more confidence
+    ++burst_;  // each further run in this burst needs more confidence (cutoff())
     rebuild_chain();
   }
 

@@ -95,10 +95,12 @@ int main(int argc, char** argv) {
     std::map<std::string, double> tps, ttft;
     std::vector<std::vector<int32_t>> reference;
     for (const std::string strategy : {"ar", "spec", "pipeinfer"}) {
-      auto rt = Runtime::open(write_topology(o, target, draft, strategy));
+      const std::string topo = write_topology(o, target, draft, strategy);
       double tokens = 0, seconds = 0, first = 0, accepted = 0, drafted = 0, verifs = 0, cancelled = 0;
       bool lossless = true;
       for (size_t i = 0; i < prompts.size(); ++i) {
+        // Each request meets an idle cluster, as a user's would.
+        auto rt = Runtime::open(topo);
         auto r = rt->generate({.prompt = prompts[i], .n_predict = o.tokens, .ignore_eos = true});
         if (!r.ok()) {
           std::fprintf(stderr, "%s: %s\n", strategy.c_str(), r.error.c_str());
