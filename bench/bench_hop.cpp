@@ -22,6 +22,7 @@
 //                  [--scheduler sharing|stealing|detached] [--transports ipc,tcp]
 //                  [--sizes 1024,1048576]
 #include "actors/gateway.hpp"
+#include "tests/ports.hpp"
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
@@ -73,26 +74,7 @@ void configure(caf::actor_system_config& cfg, const std::string& scheduler) {
   }
 }
 
-int free_port_pair() {
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    int s = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-    int port = ntohs(a.sin_port);
-    int s2 = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in b = a;
-    b.sin_port = htons(port + 1);
-    bool ok = port < 65534 && ::bind(s2, reinterpret_cast<sockaddr*>(&b), sizeof b) == 0;
-    ::close(s2);
-    ::close(s);
-    if (ok) return port;
-  }
-  throw std::runtime_error("no free port pair");
-}
+using test::free_port_pair;  // shared with the tests
 
 std::string endpoint(const std::string& transport, const std::string& tag) {
   if (transport == "tcp") return "tcp://127.0.0.1:" + std::to_string(free_port_pair());
