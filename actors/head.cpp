@@ -106,7 +106,7 @@ void HeadCore::finish(std::string error) {
   m.decode_tokens_per_s = st.decode_tokens_per_s;
   m.mean_itl_ms = st.generated_tokens > 1 ? itl_sum_ms_ / (st.generated_tokens - 1) : 0;
   if (!result_.ok()) spdlog::error("generation failed after {} tokens: {}", result_.ids.size(), result_.error);
-  if (!cfg_.metrics_csv.empty()) {
+  if (!cfg_.metrics_csv.empty() && session_->record_metrics) {
     try {
       m.append_csv(cfg_.metrics_csv);
     } catch (const std::exception& e) {

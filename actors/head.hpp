@@ -51,6 +51,7 @@ struct Session {
   StreamCallback on_token;
   std::promise<GenerationResult> done;
   std::atomic<bool> cancel{false};
+  bool record_metrics = true;  // false for the runtime's own warm-up run
 };
 using SessionPtr = std::shared_ptr<Session>;
 using generate_atom = caf::atom_constant<caf::atom("generate")>;

@@ -74,6 +74,24 @@ Runtime::Runtime(Topology topology, RuntimeOptions options) : impl_(std::make_un
       throw std::runtime_error("node '" + missing + "' at " + m.topo.nodes.at(missing).endpoint + " did not answer within " +
                                std::to_string(m.opts.connect_timeout.count()) + " ms (is `specmesh node --name " + missing +
                                "` running?)");
+    // Stage processes started together connect to each other only after ZeroMQ's reconnect
+    // interval (100 ms) when the downstream one bound last: push one token through every
+    // pipeline now, so that wait is not the first request's, and a broken pipeline fails here.
+    bool remote = false;
+    for (const auto& [name, node] : m.topo.nodes) remote = remote || node.endpoint.rfind("inproc://", 0) != 0;
+    if (remote) {
+      auto s = std::make_shared<Session>();
+      s->request.n_predict = 1;
+      s->request.ignore_eos = true;
+      s->record_metrics = false;
+      auto warm = s->done.get_future();
+      caf::anon_send(m.nodes[0]->head(), generate_atom::value, s);
+      if (warm.wait_for(m.opts.connect_timeout) != std::future_status::ready)
+        throw std::runtime_error("the pipelines did not answer a first run within " +
+                                 std::to_string(m.opts.connect_timeout.count()) + " ms");
+      GenerationResult r = warm.get();
+      if (!r.ok()) throw std::runtime_error("first run through the pipelines failed: " + r.error);
+    }
   } catch (...) {
     m.nodes.clear();
     m.sys.reset();
