@@ -116,14 +116,46 @@ void HeadCore::finish(std::string error) {
   session_->done.set_value(std::move(result_));
 }
 
-uint64_t launch_prefill(HeadCore& core, const PipelineRef& p, const std::vector<int32_t>& tokens, int32_t pos0) {
+std::vector<float> rows_of(const Logits& l, size_t want_rows, int n_vocab, uint64_t run) {
+  if (l.rows.size() != want_rows || l.logits.numel() != want_rows * size_t(n_vocab))
+    throw std::runtime_error("run " + std::to_string(run) + ": expected " + std::to_string(want_rows) + " rows of " +
+                             std::to_string(n_vocab) + " logits, got " + std::to_string(l.rows.size()));
+  return l.logits.data.to_vector<float>();
+}
+
+namespace {
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+}  // namespace
+
+std::vector<int32_t> sync_cache(HeadCore& core, const PipelineRef& p, std::vector<int32_t>& cached,
+                                const std::vector<int32_t>& want) {
+  // The last wanted token is always fed again: its logits are what the caller is after.
+  const size_t keep = std::min(common_prefix(cached, want), want.empty() ? 0 : want.size() - 1);
+  if (keep < cached.size()) core.kv_ops(p, {{KvOpKind::remove, 0, -1, int32_t(keep), -1}});
+  cached.resize(keep);
+  return {want.begin() + keep, want.end()};
+}
+
+uint64_t feed(HeadCore& core, const PipelineRef& p, std::vector<int32_t>& cached, const std::vector<int32_t>& toks,
+              size_t tail) {
   uint64_t last = 0;
   const size_t n_batch = size_t(core.cfg().n_batch);
-  for (size_t b = 0; b < tokens.size(); b += n_batch) {
-    const size_t e = std::min(tokens.size(), b + n_batch);
-    Batch batch;
-    for (size_t i = b; i < e; ++i) batch.add(tokens[i], pos0 + int32_t(i), seq_bit(0), i + 1 == tokens.size());
-    last = core.launch(p, batch, false);
+  size_t i = 0;
+  while (i < toks.size()) {
+    // The rows that need logits stay in the final chunk.
+    size_t e = std::min(toks.size(), i + n_batch);
+    if (e < toks.size() && toks.size() - e < tail) e = toks.size() - tail;
+    if (e <= i) e = toks.size();
+    Batch b;
+    for (size_t k = i; k < e; ++k)
+      b.add(toks[k], int32_t(cached.size() + (k - i)), seq_bit(0), k + tail >= toks.size());
+    cached.insert(cached.end(), toks.begin() + i, toks.begin() + e);
+    last = core.launch(p, b, false);
+    i = e;
   }
   return last;
 }

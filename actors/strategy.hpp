@@ -70,9 +70,17 @@ class Strategy {
 
 std::unique_ptr<Strategy> make_strategy(HeadCore& core);
 
-// Prefills `tokens` at positions [pos0, ...) of sequence 0 in chunks; only the last token
-// asks for logits. Returns the id of the last run.
-uint64_t launch_prefill(HeadCore& core, const PipelineRef& p, const std::vector<int32_t>& tokens, int32_t pos0);
+// A pipeline's sequence 0 is tracked by the head as `cached`, the tokens its cache holds.
+// sync_cache drops what diverged from `want` (and the last wanted token, whose logits the
+// caller needs) with a cache operation, and returns the tokens still to feed.
+std::vector<int32_t> sync_cache(HeadCore& core, const PipelineRef& p, std::vector<int32_t>& cached,
+                                const std::vector<int32_t>& want);
+// Feeds `toks` after `cached` into sequence 0, in chunks of n_batch, with logits for the last
+// `tail` of them; returns the id of the last run.
+uint64_t feed(HeadCore& core, const PipelineRef& p, std::vector<int32_t>& cached, const std::vector<int32_t>& toks,
+              size_t tail);
+// The logits of a run, checked to hold `want_rows` rows.
+std::vector<float> rows_of(const Logits& l, size_t want_rows, int n_vocab, uint64_t run);
 
 // Softmax probability of the most likely token: the draft's confidence.
 float top_probability(const float* logits, int n_vocab);

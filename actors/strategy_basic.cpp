@@ -9,50 +9,6 @@ namespace specmesh {
 
 namespace {
 
-std::vector<float> rows_of(const Logits& l, size_t want_rows, int n_vocab, uint64_t run) {
-  if (l.rows.size() != want_rows || l.logits.numel() != want_rows * size_t(n_vocab))
-    throw std::runtime_error("run " + std::to_string(run) + ": expected " + std::to_string(want_rows) + " rows of " +
-                             std::to_string(n_vocab) + " logits, got " + std::to_string(l.rows.size()));
-  return l.logits.data.to_vector<float>();
-}
-
-size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-  size_t n = 0;
-  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
-  return n;
-}
-
-// Keeps a pipeline's sequence 0 equal to a prefix of `want`: drops what diverged and returns
-// the tokens still to feed. `cached` mirrors what the pipeline's cache holds.
-std::vector<int32_t> sync_cache(HeadCore& core, const PipelineRef& p, std::vector<int32_t>& cached,
-                                const std::vector<int32_t>& want) {
-  const size_t keep = common_prefix(cached, want);
-  if (keep < cached.size()) core.kv_ops(p, {{KvOpKind::remove, 0, -1, int32_t(keep), -1}});
-  cached.resize(keep);
-  return {want.begin() + keep, want.end()};
-}
-
-// Feeds tokens at the end of `cached` in chunks; logits for the last `tail` of them.
-uint64_t feed(HeadCore& core, const PipelineRef& p, std::vector<int32_t>& cached, const std::vector<int32_t>& toks,
-              size_t tail) {
-  uint64_t last = 0;
-  const size_t n_batch = size_t(core.cfg().n_batch);
-  size_t i = 0;
-  while (i < toks.size()) {
-    // The rows that need logits stay in the final chunk.
-    size_t e = std::min(toks.size(), i + n_batch);
-    if (e < toks.size() && toks.size() - e < tail) e = toks.size() - tail;
-    if (e <= i) e = toks.size();
-    Batch b;
-    for (size_t k = i; k < e; ++k)
-      b.add(toks[k], int32_t(cached.size() + (k - i)), seq_bit(0), k + tail >= toks.size());
-    cached.insert(cached.end(), toks.begin() + i, toks.begin() + e);
-    last = core.launch(p, b, false);
-    i = e;
-  }
-  return last;
-}
-
 class Autoregressive final : public Strategy {
  public:
   explicit Autoregressive(HeadCore& c) : c_(c) {}
@@ -113,14 +69,8 @@ class Speculative final : public Strategy {
 
   void verify() {
     // The last accepted token and the drafts, with logits for each of them.
-    std::vector<int32_t> want = c_.tokens();
-    std::vector<int32_t> pending = sync_cache(c_, c_.cfg().target, target_cached_, want);
+    std::vector<int32_t> pending = sync_cache(c_, c_.cfg().target, target_cached_, c_.tokens());
     pending.insert(pending.end(), drafts_.begin(), drafts_.end());
-    if (pending.size() == drafts_.size()) {  // the last accepted token is cached: re-feed it
-      c_.kv_ops(c_.cfg().target, {{KvOpKind::remove, 0, -1, int32_t(target_cached_.size() - 1), -1}});
-      pending.insert(pending.begin(), target_cached_.back());
-      target_cached_.pop_back();
-    }
     awaited_target_ = feed(c_, c_.cfg().target, target_cached_, pending, drafts_.size() + 1);
   }
 

@@ -43,14 +43,10 @@ class PipeInfer final : public Strategy {
     // The prompt goes straight into the canonical sequence; its last token is the first
     // non-speculative run.
     const auto& prompt = c_.prompt();
-    const size_t n_batch = size_t(c_.cfg().n_batch);
-    for (size_t b = 0; b < prompt.size(); b += n_batch) {
-      const size_t e = std::min(prompt.size(), b + n_batch);
-      Batch batch;
-      for (size_t i = b; i < e; ++i) batch.add(prompt[i], int32_t(i), seq_bit(0), i + 1 == prompt.size());
-      const uint64_t id = c_.launch(target(), batch, false);
-      if (e == prompt.size()) inflight_.push_back({id, int32_t(e - 1), {prompt[e - 1]}, {}, int32_t(e - 1), 0, false});
-    }
+    std::vector<int32_t> cached;
+    const uint64_t id = feed(c_, target(), cached, prompt, 1);
+    const int32_t last = int32_t(prompt.size()) - 1;
+    inflight_.push_back({id, last, {prompt[last]}, {}, last, 0, false});
     canon_len_ = int32_t(prompt.size());
     rebuild_chain();
     pump();
@@ -101,9 +97,7 @@ class PipeInfer final : public Strategy {
   bool verify_run(const RunInfo& r, const Logits& l) {
     const int V = c_.vocab();
     const size_t m = r.inputs.size();
-    if (l.rows.size() != m || l.logits.numel() != m * size_t(V))
-      throw std::runtime_error("run " + std::to_string(r.id) + ": expected " + std::to_string(m) + " rows of logits");
-    std::vector<float> rows = l.logits.data.to_vector<float>();
+    std::vector<float> rows = rows_of(l, m, V, r.id);
     int matched = 0, gained = 0;
     bool ok = r.p <= accepted() && consistent(r);
     for (size_t i = 0; ok && i < m; ++i) {
@@ -203,27 +197,14 @@ class PipeInfer final : public Strategy {
   }
 
   void feed_draft() {
-    const size_t keep = std::mismatch(draft_cached_.begin(), draft_cached_.end(), draft_ctx_.begin(), draft_ctx_.end()).first -
-                        draft_cached_.begin();
-    if (keep < draft_cached_.size()) c_.kv_ops(draft(), {{KvOpKind::remove, 0, -1, int32_t(keep), -1}});
-    draft_cached_.resize(keep);
-    Batch b;
-    for (size_t i = keep; i < draft_ctx_.size(); ++i) b.add(draft_ctx_[i], int32_t(i), seq_bit(0), i + 1 == draft_ctx_.size());
-    if (b.size() == 0) {  // everything cached: recompute the last position's logits
-      c_.kv_ops(draft(), {{KvOpKind::remove, 0, -1, int32_t(keep - 1), -1}});
-      draft_cached_.pop_back();
-      b.add(draft_ctx_.back(), int32_t(draft_ctx_.size() - 1), seq_bit(0), true);
-    }
-    draft_cached_.insert(draft_cached_.end(), b.tokens.begin(), b.tokens.end());
-    awaited_draft_ = c_.launch(draft(), b, false);
+    awaited_draft_ = feed(c_, draft(), draft_cached_, sync_cache(c_, draft(), draft_cached_, draft_ctx_), 1);
   }
 
   void on_draft(uint64_t run, const Logits& l) {
     if (run != awaited_draft_) return;
     if (!drafting_) return pump();  // the chain moved on while the draft worked
     const int V = c_.vocab();
-    if (l.rows.size() != 1 || l.logits.numel() != size_t(V)) throw std::runtime_error("draft run: expected one row of logits");
-    std::vector<float> row = l.logits.data.to_vector<float>();
+    std::vector<float> row = rows_of(l, 1, V, run);
     const float conf = top_probability(row.data(), V);
     if (conf < cutoff() && mb_.empty()) {
       // Speculation would yield nothing and the head would idle: loosen the cutoff and

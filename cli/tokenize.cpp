@@ -12,14 +12,9 @@ namespace specmesh {
 
 namespace {
 
-bool is_gguf(const std::string& path) {
-  MappedFile f(path);
-  return f.size() >= 4 && std::memcmp(f.data(), "GGUF", 4) == 0;
-}
-
 // A GGUF vocabulary works alone (vocab-only files have no tensors); llama2.c needs its -z file.
 Tokenizer load_tokenizer(const std::string& model, const std::string& tokenizer) {
-  if (is_gguf(model)) return Tokenizer(vocab_from_gguf(GgufFile(model)));
+  if (is_gguf_file(model)) return Tokenizer(vocab_from_gguf(GgufFile(model)));
   return Tokenizer(Model::load(model, tokenizer)->tokenizer().vocab());
 }
 
@@ -46,7 +41,7 @@ void print_tokenizer(const Tokenizer& tok) {
 }
 
 void inspect(const std::string& path, const std::string& tokenizer) {
-  if (is_gguf(path)) {
+  if (is_gguf_file(path)) {
     GgufFile f(path);
     std::printf("file: %s\nformat: GGUF v%u, %zu metadata entries, %zu tensors, alignment %zu, data at %zu\n",
                 path.c_str(), f.version(), f.metadata().size(), f.tensors().size(), f.alignment(), f.data_offset());

@@ -14,17 +14,9 @@ void Device::execute(const std::function<WorkCost(ThreadPool&)>& job) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   WorkCost cost = job(pool_);
-  const auto real = Clock::now() - t0;
-  busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(real).count();
+  busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
   ++jobs;
-  if (profile_) {
-    const auto target = std::chrono::duration<double>(profile_->seconds(cost));
-    if (target > real) {
-      const auto extra = std::chrono::duration_cast<Clock::duration>(target - real);
-      std::this_thread::sleep_until(t0 + real + extra);
-      modelled_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(extra).count();
-    }
-  }
+  pace(t0, modelled_seconds(cost));
 }
 
 void Device::pace(std::chrono::steady_clock::time_point start, double seconds) {

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <unordered_set>
 
 namespace specmesh {
@@ -121,6 +122,12 @@ GgufValue read_value(Cursor& c, const std::string& key) {
 }
 
 }  // namespace
+
+bool is_gguf_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  char m[4] = {};
+  return f.read(m, 4) && std::memcmp(m, "GGUF", 4) == 0;
+}
 
 std::string_view gguf_type_name(GgufType t) {
   static constexpr std::string_view names[] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32",

@@ -52,6 +52,9 @@ struct GgufTensorInfo {
   int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
 };
 
+// Whether the file starts with the GGUF magic (false when it cannot be read).
+bool is_gguf_file(const std::string& path);
+
 class GgufFile {
  public:
   // Parses and validates the whole file; throws FormatError naming the file and the defect.

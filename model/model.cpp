@@ -19,15 +19,9 @@ const char* arch_name(Arch a) {
 std::unique_ptr<Model> Model::load(const std::string& path, const std::string& tokenizer_path) {
   std::unique_ptr<Model> m(new Model());
   m->path_ = path;
-  // Sniff the magic: GGUF files say so, llama2.c checkpoints start with a bare header.
-  {
-    MappedFile probe(path);
-    if (probe.size() >= 4 && std::memcmp(probe.data(), "GGUF", 4) == 0) {
-      m->load_gguf(path);
-      return m;
-    }
-  }
-  m->load_llama2c(path, tokenizer_path);
+  // GGUF files say so; llama2.c checkpoints start with a bare header.
+  if (is_gguf_file(path)) m->load_gguf(path);
+  else m->load_llama2c(path, tokenizer_path);
   return m;
 }
 

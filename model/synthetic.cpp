@@ -50,12 +50,6 @@ struct Filler {
   }
 };
 
-bool is_gguf(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  char m[4] = {};
-  return f.read(m, 4) && std::memcmp(m, "GGUF", 4) == 0;
-}
-
 // Entries in a llama2.c tokenizer file: i32 max_len, then {f32 score, i32 len, bytes} until EOF.
 int count_llama2c_tokens(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -154,7 +148,7 @@ int put_tokenizer(GgufWriter& w, const SyntheticSpec& s) {
     put_vocab(w, synthetic_vocab(s.n_vocab));
     return s.n_vocab;
   }
-  if (is_gguf(s.vocab_from)) {
+  if (is_gguf_file(s.vocab_from)) {
     GgufFile src(s.vocab_from);
     const GgufValue* tokens = src.find("tokenizer.ggml.tokens");
     if (!tokens || !tokens->is_array() || tokens->elem_type != GgufType::STRING || tokens->strings.empty())

@@ -75,6 +75,17 @@ struct Symbol {
   size_t n;
 };
 
+// One symbol per UTF-8 character of `text`, linked in order: what both BPE variants merge.
+void split_symbols(std::string_view text, std::vector<Symbol>& sym) {
+  sym.clear();
+  for (size_t off = 0; off < text.size();) {
+    const size_t len = std::min(utf8_len(text[off]), text.size() - off);
+    sym.push_back({int(sym.size()) - 1, -1, text.data() + off, len});
+    off += len;
+    if (off < text.size()) sym.back().next = int(sym.size());
+  }
+}
+
 }  // namespace
 
 struct Tokenizer::Impl {
@@ -179,12 +190,7 @@ void Tokenizer::Impl::encode_spm(const std::string& text, std::vector<int32_t>& 
     return a.score < b.score || (a.score == b.score && a.left > b.left);
   };
   std::vector<Symbol> sym;
-  for (size_t off = 0; off < text.size();) {
-    const size_t len = std::min(utf8_len(text[off]), text.size() - off);
-    sym.push_back({int(sym.size()) - 1, -1, text.data() + off, len});
-    off += len;
-    if (off < text.size()) sym.back().next = int(sym.size());
-  }
+  split_symbols(text, sym);
   std::priority_queue<Bigram, std::vector<Bigram>, decltype(worse)> queue(worse);
   std::unordered_map<std::string, std::pair<int, int>> rev_merge;
   auto try_add = [&](int l, int r) {
@@ -251,16 +257,10 @@ void Tokenizer::Impl::encode_bpe(std::string_view text, std::vector<int32_t>& ou
     word.reserve(raw.size() * 2);
     for (char c : raw) word += bu.to_text[uint8_t(c)];
 
-    sym.clear();
     if (ignore_merges && find(word) >= 0) {
-      sym.push_back({-1, -1, word.data(), word.size()});
+      sym.assign(1, {-1, -1, word.data(), word.size()});
     } else {
-      for (size_t off = 0; off < word.size();) {
-        const size_t len = std::min(utf8_len(word[off]), word.size() - off);
-        sym.push_back({int(sym.size()) - 1, -1, word.data() + off, len});
-        off += len;
-        if (off < word.size()) sym.back().next = int(sym.size());
-      }
+      split_symbols(word, sym);
     }
     std::priority_queue<Bigram, std::vector<Bigram>, decltype(worse)> queue(worse);
     auto try_add = [&](int l, int r) {
