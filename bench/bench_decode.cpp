@@ -15,11 +15,11 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/matmul.hpp"
-#include "kernels/thread_pool.hpp"
-#include "model/context.hpp"
-#include "model/generate.hpp"
-#include "model/synthetic.hpp"
+#include "specmesh/kernels/matmul.hpp"
+#include "specmesh/kernels/thread_pool.hpp"
+#include "specmesh/model/context.hpp"
+#include "specmesh/model/generate.hpp"
+#include "specmesh/model/synthetic.hpp"
 
 using namespace specmesh;
 using Clock = std::chrono::steady_clock;

@@ -21,8 +21,8 @@
 // Usage: bench_hop [--rounds N] [--iters N] [--variants sched,inline,queued]
 //                  [--scheduler sharing|stealing|detached] [--transports ipc,tcp]
 //                  [--sizes 1024,1048576]
-#include "actors/gateway.hpp"
-#include "tests/ports.hpp"
+#include "specmesh/transport/gateway.hpp"
+#include "ports.hpp"
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>

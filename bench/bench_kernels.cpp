@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "kernels/ggml_types.hpp"
-#include "kernels/matmul.hpp"
-#include "kernels/quant.hpp"
-#include "kernels/thread_pool.hpp"
+#include "specmesh/kernels/ggml_types.hpp"
+#include "specmesh/kernels/matmul.hpp"
+#include "specmesh/kernels/quant.hpp"
+#include "specmesh/kernels/thread_pool.hpp"
 
 namespace {
 

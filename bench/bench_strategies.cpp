@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/runtime.hpp"
+#include "specmesh/runtime/runtime.hpp"
 
 using namespace specmesh;
 

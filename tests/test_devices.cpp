@@ -16,10 +16,10 @@
 #include <thread>
 #include <unistd.h>
 
-#include "actors/gateway.hpp"
-#include "actors/router.hpp"
-#include "devices/device.hpp"
-#include "model/context.hpp"
+#include "specmesh/transport/gateway.hpp"
+#include "specmesh/transport/router.hpp"
+#include "specmesh/devices/device.hpp"
+#include "specmesh/model/context.hpp"
 #include "refdata.hpp"
 
 using namespace specmesh;

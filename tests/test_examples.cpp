@@ -19,9 +19,9 @@
 #include <sstream>
 #include <nlohmann/json.hpp>
 
-#include "model/model.hpp"
+#include "specmesh/model/model.hpp"
 #include "refdata.hpp"
-#include "runtime/topology.hpp"
+#include "specmesh/runtime/topology.hpp"
 
 using namespace specmesh;
 namespace fs = std::filesystem;

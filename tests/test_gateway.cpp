@@ -1,7 +1,7 @@
 // Gateway tests over inproc/ipc/loopback tcp only, each bounded by short timeouts: delivery to
 // CAF actors, rejection of hostile/out-of-order input while serving on, control overtaking
 // data, and peer-down reporting for dead, frozen and unreachable peers.
-#include "actors/gateway.hpp"
+#include "specmesh/transport/gateway.hpp"
 
 #include "ports.hpp"
 

@@ -14,14 +14,14 @@
 #include <random>
 #include <set>
 
-#include "formats/gguf.hpp"
-#include "formats/gguf_writer.hpp"
-#include "kernels/quant.hpp"
-#include "model/context.hpp"
-#include "model/model.hpp"
-#include "model/synthetic.hpp"
+#include "specmesh/formats/gguf.hpp"
+#include "specmesh/formats/gguf_writer.hpp"
+#include "specmesh/kernels/quant.hpp"
+#include "specmesh/model/context.hpp"
+#include "specmesh/model/model.hpp"
+#include "specmesh/model/synthetic.hpp"
 #include "refdata.hpp"
-#include "tokenizer/tokenizer.hpp"
+#include "specmesh/tokenizer/tokenizer.hpp"
 
 using namespace specmesh;
 using specmesh::test::refdata;

@@ -1,7 +1,7 @@
 // Codec tests: round trips of every message type, zero-copy tensors, and hostile inputs
 // (truncated, malformed, wrong version, out-of-range enums, inconsistent tensors, huge
 // length prefixes) that must be rejected with the right reason and without large allocations.
-#include "messages/protocol.hpp"
+#include "specmesh/messages/protocol.hpp"
 
 #include <gtest/gtest.h>
 #include <msgpack.hpp>

@@ -12,7 +12,7 @@
 #include <unistd.h>
 #include <vector>
 
-#include "speculation/metrics.hpp"
+#include "specmesh/speculation/metrics.hpp"
 
 using namespace specmesh;
 namespace fs = std::filesystem;

@@ -6,8 +6,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "model/context.hpp"
-#include "model/generate.hpp"
+#include "specmesh/model/context.hpp"
+#include "specmesh/model/generate.hpp"
 #include "refdata.hpp"
 
 using namespace specmesh;

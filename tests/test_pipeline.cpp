@@ -13,12 +13,12 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "model/context.hpp"
-#include "model/generate.hpp"
-#include "model/synthetic.hpp"
+#include "specmesh/model/context.hpp"
+#include "specmesh/model/generate.hpp"
+#include "specmesh/model/synthetic.hpp"
 #include "ports.hpp"
 #include "refdata.hpp"
-#include "runtime/runtime.hpp"
+#include "specmesh/runtime/runtime.hpp"
 
 using namespace specmesh;
 using specmesh::test::refdata;

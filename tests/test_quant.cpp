@@ -7,8 +7,8 @@
 #include <random>
 #include <vector>
 
-#include "kernels/ggml_types.hpp"
-#include "kernels/quant.hpp"
+#include "specmesh/kernels/ggml_types.hpp"
+#include "specmesh/kernels/quant.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "model/sampler.hpp"
+#include "specmesh/model/sampler.hpp"
 
 using namespace specmesh;
 

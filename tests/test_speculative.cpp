@@ -12,10 +12,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "model/context.hpp"
-#include "model/generate.hpp"
+#include "specmesh/model/context.hpp"
+#include "specmesh/model/generate.hpp"
 #include "refdata.hpp"
-#include "runtime/runtime.hpp"
+#include "specmesh/runtime/runtime.hpp"
 
 using namespace specmesh;
 using specmesh::test::refdata;

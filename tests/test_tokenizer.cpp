@@ -11,10 +11,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "formats/gguf.hpp"
-#include "formats/mapped_file.hpp"
+#include "specmesh/formats/gguf.hpp"
+#include "specmesh/formats/mapped_file.hpp"
 #include "refdata.hpp"
-#include "tokenizer/tokenizer.hpp"
+#include "specmesh/tokenizer/tokenizer.hpp"
 
 using namespace specmesh;
 using specmesh::test::refdata;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "speculation/verify.hpp"
+#include "specmesh/speculation/verify.hpp"
 
 using namespace specmesh;
 

@@ -27,9 +27,9 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "model/context.hpp"
-#include "model/generate.hpp"
-#include "runtime/runtime.hpp"
+#include "specmesh/model/context.hpp"
+#include "specmesh/model/generate.hpp"
+#include "specmesh/runtime/runtime.hpp"
 
 namespace specmesh {
 namespace {

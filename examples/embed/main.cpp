@@ -11,7 +11,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "runtime/runtime.hpp"
+#include "specmesh/runtime/runtime.hpp"
 
 namespace {
 

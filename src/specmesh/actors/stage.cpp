@@ -1,0 +1,181 @@
+#include "specmesh/actors/stage.hpp"
+
+#include <chrono>
+
+#include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+#include <spdlog/spdlog.h>
+
+#include "specmesh/devices/device.hpp"
+
+namespace specmesh {
+
+Batch to_batch(const RunStart& r) {
+  const size_t n = r.tokens.size();
+  if (r.positions.size() != n || r.seq_masks.size() != n || (!r.logits.empty() && r.logits.size() != n) ||
+      (!r.parents.empty() && r.parents.size() != n))
+    throw std::invalid_argument("run batch fields have different lengths");
+  Batch b;
+  b.tokens = r.tokens;
+  b.pos = r.positions;
+  b.seqs = r.seq_masks;
+  b.logits = r.logits.empty() ? std::vector<uint8_t>(n, 1) : r.logits;
+  b.parent = r.parents;
+  return b;
+}
+
+RunStart to_run_start(const std::string& pipeline, const Batch& b, bool speculative) {
+  RunStart r;
+  r.pipeline = pipeline;
+  r.tokens = b.tokens;
+  r.positions = b.pos;
+  r.seq_masks = b.seqs;
+  r.logits = b.logits;
+  r.parents = b.parent;
+  r.speculative = speculative;
+  return r;
+}
+
+namespace {
+
+struct StageState {
+  StageConfig cfg;
+  std::shared_ptr<Context> ctx;
+  std::shared_ptr<CancelSet> cancelled = std::make_shared<CancelSet>();
+  std::shared_ptr<StageStats> stats;
+};
+
+void report_error(const StageConfig& cfg, uint64_t run, const std::string& what) {
+  spdlog::error("stage {}[{},{}) on {}: run {}: {}", cfg.pipeline, cfg.context.layer_begin, cfg.context.layer_end,
+                cfg.self_node, run, what);
+  cfg.router->send(cfg.head_node, make_envelope(run, Error{ErrorCode::invalid_request, cfg.self_node, what}));
+}
+
+// Queues the forward pass of one run on the device; the job sends the result on itself.
+void schedule_forward(StageState& st, uint64_t run, RunStart meta, std::optional<Tensor> hidden_in) {
+  auto job = std::make_shared<DeviceJob>();
+  job->run = [ctx = st.ctx, cfg = st.cfg, cancelled = st.cancelled, stats = st.stats, run, meta = std::move(meta),
+              hidden_in = std::move(hidden_in)](ThreadPool&) -> WorkCost {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (cancelled->contains(run)) {
+      ++stats->runs_cancelled;
+      return {};
+    }
+    WorkCost cost;
+    int layers_done = 0;
+    try {
+      Batch batch = to_batch(meta);
+      cost = ctx->cost(batch);
+      std::vector<float> hidden_copy;
+      const float* hidden = nullptr;
+      if (hidden_in) {
+        const size_t want = batch.size() * size_t(ctx->model().hparams().n_embd);
+        if (hidden_in->dtype != WireDType::f32 || hidden_in->numel() != want)
+          throw std::invalid_argument("activations do not match the batch (" + std::to_string(hidden_in->numel()) +
+                                      " values, expected " + std::to_string(want) + ")");
+        if (hidden_in->data.aligned_for<float>()) {
+          hidden = hidden_in->data.view<float>().data();
+        } else {
+          hidden_copy = hidden_in->data.to_vector<float>();
+          hidden = hidden_copy.data();
+        }
+      }
+      // With a timing profile each layer takes its modelled share of the time, and a cancel
+      // is honoured between layers.
+      const int n_layers = ctx->layer_end() - ctx->layer_begin();
+      const double modelled = cfg.device_state->modelled_seconds(cost);
+      ctx->set_cancel_check([&] {
+        cfg.device_state->pace(t0, modelled * layers_done / std::max(1, n_layers));
+        if (cancelled->contains(run)) return true;
+        ++layers_done;
+        return false;
+      });
+      ForwardOutput out = ctx->forward(batch, hidden);
+      cfg.device_state->pace(t0, modelled);
+      stats->layers_computed += layers_done;
+      ++stats->runs;
+      if (ctx->has_head()) {
+        const int64_t n_vocab = ctx->model().hparams().n_vocab;
+        Logits l;
+        l.pipeline = cfg.pipeline;
+        l.rows = out.rows;
+        l.logits = Tensor::from(WireDType::f32, {int64_t(out.rows.size()), n_vocab}, std::move(out.logits));
+        cfg.router->send(cfg.next_node, make_envelope(run, std::move(l)));
+      } else {
+        Activations a;
+        a.pipeline = cfg.pipeline;
+        a.layer = ctx->layer_end();
+        const int64_t n_embd = ctx->model().hparams().n_embd;
+        a.tensors.push_back(Tensor::from(WireDType::f32, {int64_t(batch.size()), n_embd}, std::move(out.hidden)));
+        a.batch = std::move(meta);
+        cfg.router->send(cfg.next_node, make_envelope(run, std::move(a)));
+      }
+    } catch (const ForwardCancelled&) {
+      ++stats->runs_cancelled;
+      stats->layers_computed += layers_done;
+    } catch (const std::exception& e) {
+      report_error(cfg, run, e.what());
+    }
+    return {};  // paced above
+  };
+  caf::anon_send(st.cfg.device, compute_atom::value, std::move(job));
+}
+
+void schedule_kv_ops(StageState& st, uint64_t run, KvCacheOp ops) {
+  auto job = std::make_shared<DeviceJob>();
+  job->run = [ctx = st.ctx, cfg = st.cfg, run, ops = std::move(ops)](ThreadPool&) -> WorkCost {
+    try {
+      KvCache& kv = ctx->kv();
+      for (const KvOp& op : ops.ops) {
+        if (op.seq >= kMaxSeqs || op.dst_seq >= kMaxSeqs) throw std::invalid_argument("sequence id out of range");
+        switch (op.kind) {
+          case KvOpKind::copy: kv.seq_cp(op.seq, op.dst_seq, op.pos_begin, op.pos_end); break;
+          case KvOpKind::remove: kv.seq_rm(op.seq, op.pos_begin, op.pos_end); break;
+          case KvOpKind::keep: kv.seq_keep(op.seq); break;
+        }
+      }
+      // Cache operations travel down the pipeline in order with the runs.
+      if (!ctx->has_head()) {
+        KvCacheOp next = ops;
+        next.layer = ctx->layer_end();
+        cfg.router->send(cfg.next_node, make_envelope(run, std::move(next)));
+      }
+    } catch (const std::exception& e) {
+      report_error(cfg, run, std::string("KV-cache operation failed: ") + e.what());
+    }
+    return {};
+  };
+  caf::anon_send(st.cfg.device, compute_atom::value, std::move(job));
+}
+
+}  // namespace
+
+caf::actor spawn_stage(caf::actor_system& sys, StageConfig cfg, std::shared_ptr<StageStats> stats) {
+  return sys.spawn([cfg = std::move(cfg), stats](caf::stateful_actor<StageState>* self) -> caf::behavior {
+    auto& st = self->state;
+    st.cfg = cfg;
+    st.stats = stats;
+    st.ctx = std::make_shared<Context>(*cfg.model, cfg.context, &cfg.device_state->pool());
+    return {
+        [self](const std::string& from, const Envelope& env) {
+          auto& st = self->state;
+          const uint64_t run = env.run_id;
+          if (const auto* r = std::get_if<RunStart>(&env.payload)) {
+            schedule_forward(st, run, *r, std::nullopt);
+          } else if (const auto* a = std::get_if<Activations>(&env.payload)) {
+            if (a->tensors.empty()) return report_error(st.cfg, run, "activations without a hidden-state tensor");
+            schedule_forward(st, run, a->batch, a->tensors[0]);
+          } else if (const auto* k = std::get_if<KvCacheOp>(&env.payload)) {
+            schedule_kv_ops(st, run, *k);
+          } else if (const auto* c = std::get_if<Cancel>(&env.payload)) {
+            for (uint64_t id : c->run_ids) st.cancelled->add(id);
+          } else {
+            spdlog::warn("stage on {}: ignoring {} from {}", st.cfg.self_node, to_string(env.type()), from);
+          }
+        },
+    };
+  });
+}
+
+}  // namespace specmesh

@@ -1,0 +1,76 @@
+// A pipeline stage: a layer range of one model on one device, with its share of the KV cache.
+// It turns run starts (first stage) or activations into device jobs, in arrival order, and
+// sends the result on: activations to the next stage, logits to the head.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+
+#include <caf/actor.hpp>
+
+#include "specmesh/transport/router.hpp"
+#include "specmesh/model/context.hpp"
+
+namespace caf {
+class actor_system;
+}
+
+namespace specmesh {
+
+// Run ids whose work should be dropped; shared by a stage actor (writer, on the priority
+// path) and its device jobs (readers, between layers).
+class CancelSet {
+ public:
+  void add(uint64_t run) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!ids_.insert(run).second) return;
+    order_.push_back(run);
+    // Bounded: ids are never reused, and a cancel older than this many others is long moot.
+    if (order_.size() > kKeep) {
+      ids_.erase(order_.front());
+      order_.pop_front();
+    }
+  }
+  bool contains(uint64_t run) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return ids_.count(run) != 0;
+  }
+
+ private:
+  static constexpr size_t kKeep = 4096;
+  mutable std::mutex mu_;
+  std::unordered_set<uint64_t> ids_;
+  std::deque<uint64_t> order_;
+};
+
+struct StageConfig {
+  std::string pipeline;             // the model this stage belongs to
+  std::string self_node;            // node hosting this stage
+  std::string next_node;            // node of the next stage, or the head node after the last
+  std::string head_node;            // where logits and errors go
+  std::shared_ptr<const Model> model;
+  ContextParams context;            // layer range and KV size
+  caf::actor device;                // device actor that runs the jobs
+  std::shared_ptr<class Device> device_state;
+  std::shared_ptr<Router> router;
+};
+
+// Counters a stage keeps (read by tests and metrics).
+struct StageStats {
+  std::atomic<uint64_t> runs{0};
+  std::atomic<uint64_t> layers_computed{0};
+  std::atomic<uint64_t> runs_cancelled{0};
+};
+
+// The stage actor takes (const std::string& from, const Envelope&) messages carrying
+// RunStart, Activations, KvCacheOp or Cancel.
+caf::actor spawn_stage(caf::actor_system& sys, StageConfig cfg, std::shared_ptr<StageStats> stats);
+
+// Conversions between the wire batch and the model's batch.
+Batch to_batch(const RunStart& r);
+RunStart to_run_start(const std::string& pipeline, const Batch& b, bool speculative);
+
+}  // namespace specmesh

@@ -1,0 +1,112 @@
+// `specmesh run` (the head of a topology) and `specmesh node` (one node as its own process).
+#include <signal.h>
+
+#include <cstdio>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "specmesh/runtime/node.hpp"
+#include "specmesh/cli/commands.hpp"
+#include "specmesh/cli/output.hpp"
+#include "specmesh/runtime/runtime.hpp"
+
+namespace specmesh {
+
+namespace {
+
+struct RunOptions {
+  std::string config, prompt;
+  int n_predict = 0;
+  bool json = false, spawn = false, ignore_eos = false;
+  double timeout_s = 10;
+};
+
+int run_topology(const RunOptions& o) {
+  RuntimeOptions ro;
+  ro.spawn_nodes = o.spawn;
+  ro.connect_timeout = std::chrono::milliseconds(int64_t(o.timeout_s * 1000));
+  auto rt = Runtime::open(o.config, ro);
+  GenerationRequest req;
+  req.prompt = o.prompt;
+  req.n_predict = o.n_predict;
+  req.ignore_eos = o.ignore_eos;
+  if (!o.json) {
+    std::fputs(o.prompt.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  GenerationResult r = rt->generate(req, [&](int32_t, const std::string& piece) {
+    if (!o.json) {
+      std::fputs(piece.c_str(), stdout);
+      std::fflush(stdout);
+    }
+    return true;
+  });
+  if (o.json) {
+    std::puts(dump(result_json(r)).c_str());
+  } else {
+    std::printf("\n");
+  }
+  if (!r.ok()) {
+    std::fprintf(stderr, "specmesh: error: %s\n", r.error.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+int run_node(const std::string& config, const std::string& name) {
+  // Block the stop signals before any thread starts, then wait for one of them.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  Topology topo = Topology::load(config);
+  if (!topo.nodes.count(name)) throw ConfigError(config + ": no node named '" + name + "' in [nodes]");
+  ModelCache models;
+  for (const std::string& model : {topo.run.model, topo.run.draft})
+    if (!model.empty()) topo.resolve_layers(model, models.get(topo.models.at(model))->hparams().n_layer);
+  caf::actor_system_config cfg;
+  configure_low_latency_scheduler(cfg);
+  caf::actor_system sys{cfg};
+  {
+    NodeHost host(sys, topo, name, models);
+    spdlog::info("node {} serving at {} ({} stages)", name, topo.nodes.at(name).endpoint, host.stages().size());
+    int sig = 0;
+    sigwait(&set, &sig);
+    spdlog::info("node {} stopping (signal {})", name, sig);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_run(CLI::App& app) {
+  auto o = std::make_shared<RunOptions>();
+  CLI::App* cmd = app.add_subcommand("run", "Run a topology: the head here, stages wherever the config puts them");
+  cmd->add_option("config", o->config, "topology file (TOML)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("-p,--prompt", o->prompt, "prompt text");
+  cmd->add_option("-n,--n-predict", o->n_predict, "tokens to generate (default: the topology's run.n_predict)");
+  cmd->add_flag("--ignore-eos", o->ignore_eos, "do not stop at the end-of-sequence token");
+  cmd->add_flag("--json", o->json, "print one JSON object with ids, text and stats");
+  cmd->add_flag("--spawn", o->spawn, "start the topology's other nodes as child processes");
+  cmd->add_option("--connect-timeout", o->timeout_s, "seconds to wait for the other nodes");
+  cmd->callback([o] {
+    int rc = run_topology(*o);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+void register_node(CLI::App& app) {
+  struct Opts { std::string config, name; };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = app.add_subcommand("node", "Serve one node of a topology in this process until SIGTERM/SIGINT");
+  cmd->add_option("--config", o->config, "topology file (TOML)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--name", o->name, "node name in [nodes]")->required();
+  cmd->callback([o] { run_node(o->config, o->name); });
+}
+
+}  // namespace specmesh

@@ -1,0 +1,32 @@
+// Types shared by the portable and the AVX2 matmul translation units (private to kernels/).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "specmesh/kernels/ggml_types.hpp"
+
+namespace specmesh::mm {
+
+// An activation block quantised to 8 bits. The scale stays f32 (ggml rounds it to f16):
+// cheaper to use and one rounding fewer.
+struct ActQ8 {
+  float d;
+  int8_t qs[QK8_0];
+};
+struct Problem {
+  DType type;
+  const uint8_t* w;   // first weight row of the range
+  size_t w_stride;    // bytes per weight row
+  size_t cols;
+  const float* x;     // n_tokens x cols activations
+  const ActQ8* xq;    // n_tokens x cols/32 quantised activations (Q4_0 / Q8_0 weights only)
+  size_t n_tokens;
+  float* y;           // y[t*ldy + r], r relative to w
+  size_t ldy;
+};
+
+void gemm_rows_avx2(const Problem& p, size_t r0, size_t r1);
+void quantize_act_avx2(const float* x, size_t cols, ActQ8* out);
+
+}  // namespace specmesh::mm

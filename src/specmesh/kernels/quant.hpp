@@ -1,0 +1,15 @@
+// Conversion between F32 and every stored weight type.
+#pragma once
+
+#include "specmesh/kernels/ggml_types.hpp"
+
+namespace specmesh {
+
+// dst[0..n) = values of the n elements at src (n a multiple of the block size).
+void dequantize_row(DType type, const void* src, float* dst, size_t n);
+
+// Encode n floats into type's layout at dst (row_bytes(type, n) bytes).
+// Reference quantizers, compatible with ggml's decoders; used by the GGUF writer and tests.
+void quantize_row(DType type, const float* src, void* dst, size_t n);
+
+}  // namespace specmesh

@@ -1,0 +1,78 @@
+// Runs forward passes of a model (or a layer range of it) over batches, with its KV cache.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#include "specmesh/devices/profile.hpp"
+#include "specmesh/kernels/thread_pool.hpp"
+#include "specmesh/model/batch.hpp"
+#include "specmesh/model/kv_cache.hpp"
+#include "specmesh/model/model.hpp"
+
+namespace specmesh {
+
+struct ContextParams {
+  int n_ctx = 0;            // KV cells; 0: the model's training context (at most 4096)
+  int n_threads = 1;        // used when no pool is given
+  int layer_begin = 0;      // this context computes layers [layer_begin, layer_end)
+  int layer_end = -1;       // -1: the last layer (and the classifier)
+  std::vector<int> capture_layers;  // hidden states after these layers are kept
+};
+
+// What one forward pass produced, for the batch tokens flagged in Batch::logits.
+struct ForwardOutput {
+  std::vector<int32_t> rows;      // batch index of each output row
+  std::vector<float> logits;      // rows x n_vocab (when the range ends at the last layer)
+  std::vector<float> hidden;      // rows x n_embd (when it ends earlier: input to the next stage)
+  // capture_layers[i] -> n_batch x n_embd hidden states after that layer
+  std::vector<std::vector<float>> captured;
+
+  const float* logits_row(size_t r, int n_vocab) const { return logits.data() + r * n_vocab; }
+};
+
+class Context {
+ public:
+  Context(const Model& model, ContextParams params, ThreadPool* pool = nullptr);
+
+  const Model& model() const { return model_; }
+  KvCache& kv() { return kv_; }
+  const KvCache& kv() const { return kv_; }
+  ThreadPool& pool() { return *pool_; }
+  int layer_begin() const { return begin_; }
+  int layer_end() const { return end_; }
+  bool has_head() const { return end_ == model_.hparams().n_layer; }
+
+  // Runs the batch through this context's layers. A context starting at layer 0 embeds
+  // batch.tokens; a later stage takes `hidden_in` (n_batch x n_embd). A context ending before
+  // the last layer returns hidden states of every batch token (stages pass all of them on).
+  ForwardOutput forward(const Batch& batch, const float* hidden_in = nullptr);
+
+  // The work forward(batch) does on this context's layers, for device timing models.
+  WorkCost cost(const Batch& batch) const;
+
+  // Stops a forward pass between layers (checked before each layer): returns true to abort.
+  // An aborted pass throws ForwardCancelled; cells it claimed stay labelled and must be
+  // removed by the caller's sequence operation.
+  void set_cancel_check(std::function<bool()> check) { cancel_check_ = std::move(check); }
+
+ private:
+  void layer(int il, const Batch& batch, const std::vector<int32_t>& slots,
+             const std::vector<std::vector<int32_t>>& visible, float* x);
+
+  const Model& model_;
+  std::unique_ptr<ThreadPool> own_pool_;
+  ThreadPool* pool_;
+  int begin_, end_;
+  KvCache kv_;
+  std::vector<int> capture_;
+  std::function<bool()> cancel_check_;
+};
+
+struct ForwardCancelled : std::runtime_error {
+  ForwardCancelled() : std::runtime_error("forward pass cancelled") {}
+};
+
+}  // namespace specmesh

@@ -1,0 +1,41 @@
+// Plain autoregressive generation on one context: the reference every speculative method
+// must reproduce token for token.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "specmesh/model/context.hpp"
+#include "specmesh/model/sampler.hpp"
+
+namespace specmesh {
+
+struct GenerateParams {
+  int n_predict = 128;      // tokens to generate
+  SamplerParams sampling;
+  bool ignore_eos = false;  // keep going past the model's stop token
+  int n_batch = 256;        // prompt tokens per forward pass
+};
+
+struct GenerateStats {
+  int prompt_tokens = 0;
+  int generated_tokens = 0;
+  double ttft_ms = 0;             // start to first generated token (prompt processing included)
+  double decode_tokens_per_s = 0; // generated tokens after the first, per second
+  double total_ms = 0;
+};
+
+// Called with each generated token; returning false stops generation.
+using TokenCallback = std::function<bool(int32_t)>;
+
+// Feeds the prompt into sequence 0 of an empty or fresh context and generates; the stop
+// token (when not ignored) ends generation and is not reported.
+GenerateStats generate(Context& ctx, const std::vector<int32_t>& prompt, const GenerateParams& params,
+                       const TokenCallback& on_token);
+
+// Runs `tokens` at positions [pos0, pos0+n) of sequence 0 in batches of n_batch and returns
+// the logits of the last one.
+std::vector<float> prefill(Context& ctx, const std::vector<int32_t>& tokens, int32_t pos0, int n_batch);
+
+}  // namespace specmesh

@@ -1,0 +1,80 @@
+#include "specmesh/model/kv_cache.hpp"
+
+#include <stdexcept>
+
+namespace specmesh {
+
+namespace {
+bool in_range(int32_t pos, int32_t p0, int32_t p1) { return pos >= std::max(p0, 0) && (p1 < 0 || pos < p1); }
+}  // namespace
+
+KvCache::KvCache(int n_cells, int layer_begin, int layer_end, int kv_dim)
+    : layer_begin_(layer_begin), layer_end_(layer_end), kv_dim_(kv_dim), cells_(n_cells) {
+  for (int l = layer_begin; l < layer_end; ++l) {
+    k_.emplace_back(size_t(n_cells) * kv_dim);
+    v_.emplace_back(size_t(n_cells) * kv_dim);
+  }
+}
+
+int KvCache::used() const {
+  int n = 0;
+  for (const auto& c : cells_) n += !c.empty();
+  return n;
+}
+
+std::vector<int32_t> KvCache::place(const Batch& batch) {
+  std::vector<int32_t> slots;
+  slots.reserve(batch.size());
+  int next = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    while (next < n_cells() && !cells_[next].empty()) ++next;
+    if (next == n_cells())
+      throw std::runtime_error("KV cache full: " + std::to_string(n_cells()) + " cells, batch needs " +
+                               std::to_string(batch.size()));
+    if (batch.seqs[i] == 0) throw std::runtime_error("batch token without a sequence");
+    slots.push_back(next++);
+  }
+  for (size_t i = 0; i < batch.size(); ++i) cells_[slots[i]] = {batch.pos[i], batch.seqs[i]};
+  return slots;
+}
+
+void KvCache::seq_rm(int seq, int32_t p0, int32_t p1) {
+  for (auto& c : cells_) {
+    if (c.empty() || !in_range(c.pos, p0, p1)) continue;
+    if (seq < 0) c.seqs = 0;
+    else c.seqs &= ~seq_bit(seq);
+    if (c.empty()) c.pos = -1;
+  }
+}
+
+void KvCache::seq_cp(int src, int dst, int32_t p0, int32_t p1) {
+  if (src == dst) return;
+  for (auto& c : cells_)
+    if ((c.seqs & seq_bit(src)) && in_range(c.pos, p0, p1)) c.seqs |= seq_bit(dst);
+}
+
+void KvCache::seq_keep(int seq) {
+  for (auto& c : cells_) {
+    c.seqs &= seq_bit(seq);
+    if (c.empty()) c.pos = -1;
+  }
+}
+
+void KvCache::clear() {
+  for (auto& c : cells_) c = {};
+}
+
+int32_t KvCache::seq_pos_max(int seq) const {
+  int32_t m = -1;
+  for (const auto& c : cells_)
+    if (c.seqs & seq_bit(seq)) m = std::max(m, c.pos);
+  return m;
+}
+
+void KvCache::visible_cells(int32_t pos, SeqSet seqs, std::vector<int32_t>& out) const {
+  out.clear();
+  for (int i = 0; i < n_cells(); ++i)
+    if ((cells_[i].seqs & seqs) && cells_[i].pos <= pos) out.push_back(i);
+}
+
+}  // namespace specmesh

@@ -1,0 +1,57 @@
+// The KV cache: cells that know their position and the set of sequences they belong to.
+//
+// Sequences share cells: a token accepted into the canonical sequence and a speculative run
+// built on it refer to the same cell, so forking or accepting is metadata work, not copying.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "specmesh/model/batch.hpp"
+
+namespace specmesh {
+
+struct KvCell {
+  int32_t pos = -1;  // -1: free
+  SeqSet seqs = 0;
+  bool empty() const { return seqs == 0; }
+};
+
+class KvCache {
+ public:
+  // Holds layers [layer_begin, layer_end) of a model with kv_dim values per key/value row.
+  KvCache(int n_cells, int layer_begin, int layer_end, int kv_dim);
+
+  int n_cells() const { return static_cast<int>(cells_.size()); }
+  int layer_begin() const { return layer_begin_; }
+  int layer_end() const { return layer_end_; }
+  int kv_dim() const { return kv_dim_; }
+  const KvCell& cell(int i) const { return cells_[i]; }
+  int used() const;
+
+  // Rows of layer `layer` (absolute index): n_cells x kv_dim.
+  float* k(int layer) { return k_[layer - layer_begin_].data(); }
+  float* v(int layer) { return v_[layer - layer_begin_].data(); }
+
+  // Claims one free cell per batch token (lowest free indices first) and labels it;
+  // throws std::runtime_error when the cache is full.
+  std::vector<int32_t> place(const Batch& batch);
+
+  // Sequence operations (llama.cpp's kv_self_seq_* semantics); p1 < 0 means "to the end".
+  void seq_rm(int seq, int32_t p0, int32_t p1);          // seq < 0: every sequence
+  void seq_cp(int src, int dst, int32_t p0, int32_t p1);  // dst joins src's cells in range
+  void seq_keep(int seq);                                // drop every other sequence
+  void clear();
+  int32_t seq_pos_max(int seq) const;                    // -1 when empty
+
+  // The cells a token at `pos` in sequences `seqs` attends to, in cell order.
+  void visible_cells(int32_t pos, SeqSet seqs, std::vector<int32_t>& out) const;
+
+ private:
+  int layer_begin_, layer_end_, kv_dim_;
+  std::vector<KvCell> cells_;
+  std::vector<std::vector<float>> k_, v_;
+};
+
+}  // namespace specmesh

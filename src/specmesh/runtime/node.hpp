@@ -1,0 +1,80 @@
+// One node of a topology hosted in this process: its gateway, its devices, the stages placed
+// on them, a dispatcher that hands incoming envelopes to the right stage, and on the head
+// node the head actor.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <caf/actor.hpp>
+
+#include "specmesh/transport/gateway.hpp"
+#include "specmesh/actors/head.hpp"
+#include "specmesh/transport/router.hpp"
+#include "specmesh/actors/stage.hpp"
+#include "specmesh/devices/device.hpp"
+#include "specmesh/runtime/topology.hpp"
+
+namespace caf {
+class actor_system;
+}
+
+namespace specmesh {
+
+// Models loaded once per process, shared by every node hosted in it (weights are mmapped).
+class ModelCache {
+ public:
+  std::shared_ptr<const Model> get(const ModelSpec& spec);
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<const Model>> models_;
+};
+
+class NodeHost {
+ public:
+  NodeHost(caf::actor_system& sys, const Topology& topo, const std::string& node, ModelCache& models);
+  ~NodeHost();
+  NodeHost(const NodeHost&) = delete;
+  NodeHost& operator=(const NodeHost&) = delete;
+
+  const std::string& name() const { return name_; }
+  Gateway& gateway() { return *gateway_; }
+  const std::shared_ptr<Router>& router() const { return router_; }
+  caf::actor head() const { return head_; }  // only on the head node
+
+  // Waits until every named peer has been heard from; false (and the first missing peer in
+  // *missing) when the timeout passes first.
+  bool wait_for_peers(const std::vector<std::string>& peers, std::chrono::milliseconds timeout, std::string* missing);
+
+  struct StageInfo {
+    std::string pipeline;
+    int layer_begin, layer_end;
+    std::string device;
+    std::shared_ptr<StageStats> stats;
+  };
+  const std::vector<StageInfo>& stages() const { return stage_info_; }
+  const std::map<std::string, std::shared_ptr<Device>>& devices() const { return devices_; }
+
+ private:
+  std::string name_;
+  std::unique_ptr<Gateway> gateway_;
+  std::shared_ptr<Router> router_;
+  std::map<std::string, std::shared_ptr<Device>> devices_;
+  std::vector<caf::actor> actors_;  // everything spawned here, stopped in the destructor
+  std::vector<StageInfo> stage_info_;
+  caf::actor dispatcher_;
+  caf::actor head_;
+};
+
+// The head's configuration for a topology (strategy, pipelines, sampling, parameters).
+HeadConfig head_config(const Topology& topo, ModelCache& models, std::shared_ptr<Router> router);
+
+// The nodes whose stages run `model`, in pipeline order (a node may repeat).
+std::vector<std::string> pipeline_nodes(const Topology& topo, const std::string& model);
+
+}  // namespace specmesh

@@ -1,0 +1,138 @@
+#include "specmesh/runtime/runtime.hpp"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/send.hpp>
+#include <spdlog/spdlog.h>
+
+#include "specmesh/runtime/node.hpp"
+
+namespace specmesh {
+
+struct Runtime::Impl {
+  Topology topo;
+  RuntimeOptions opts;
+  std::vector<pid_t> children;
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  ModelCache models;
+  std::vector<std::unique_ptr<NodeHost>> nodes;  // hosted in this process; [0] is the head
+  std::shared_ptr<const Model> head_model;
+
+  void spawn_children() {
+    std::string bin = opts.specmesh_binary;
+    if (bin.empty()) {
+      char buf[4096];
+      ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+      if (n <= 0) throw std::runtime_error("cannot find the specmesh binary to start nodes with");
+      bin.assign(buf, n);
+    }
+    for (const auto& [name, node] : topo.nodes) {
+      if (name == topo.head_node || node.endpoint.rfind("inproc://", 0) == 0) continue;
+      pid_t pid = ::fork();
+      if (pid < 0) throw std::runtime_error("fork failed while starting node '" + name + "'");
+      if (pid == 0) {
+        ::execl(bin.c_str(), bin.c_str(), "node", "--config", topo.path.c_str(), "--name", name.c_str(), (char*)nullptr);
+        ::_exit(127);
+      }
+      children.push_back(pid);
+    }
+  }
+
+  void stop_children() {
+    for (pid_t pid : children) ::kill(pid, SIGTERM);
+    for (pid_t pid : children) ::waitpid(pid, nullptr, 0);
+    children.clear();
+  }
+};
+
+Runtime::Runtime(Topology topology, RuntimeOptions options) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.topo = std::move(topology);
+  m.opts = options;
+  for (const std::string& model : {m.topo.run.model, m.topo.run.draft}) {
+    if (model.empty()) continue;
+    m.topo.resolve_layers(model, m.models.get(m.topo.models.at(model))->hparams().n_layer);
+  }
+  m.head_model = m.models.get(m.topo.models.at(m.topo.run.model));
+  if (m.opts.spawn_nodes) m.spawn_children();
+  try {
+    configure_low_latency_scheduler(m.cfg);
+    m.sys = std::make_unique<caf::actor_system>(m.cfg);
+    m.nodes.push_back(std::make_unique<NodeHost>(*m.sys, m.topo, m.topo.head_node, m.models));
+    for (const auto& [name, node] : m.topo.nodes)
+      if (name != m.topo.head_node && node.endpoint.rfind("inproc://", 0) == 0)
+        m.nodes.push_back(std::make_unique<NodeHost>(*m.sys, m.topo, name, m.models));
+    std::vector<std::string> peers;
+    for (const auto& [name, node] : m.topo.nodes) peers.push_back(name);
+    std::string missing;
+    if (!m.nodes[0]->wait_for_peers(peers, m.opts.connect_timeout, &missing))
+      throw std::runtime_error("node '" + missing + "' at " + m.topo.nodes.at(missing).endpoint + " did not answer within " +
+                               std::to_string(m.opts.connect_timeout.count()) + " ms (is `specmesh node --name " + missing +
+                               "` running?)");
+    // Stage processes started together connect to each other only after ZeroMQ's reconnect
+    // interval (100 ms) when the downstream one bound last: push one token through every
+    // pipeline now, so that wait is not the first request's, and a broken pipeline fails here.
+    bool remote = false;
+    for (const auto& [name, node] : m.topo.nodes) remote = remote || node.endpoint.rfind("inproc://", 0) != 0;
+    if (remote) {
+      auto s = std::make_shared<Session>();
+      s->request.n_predict = 1;
+      s->request.ignore_eos = true;
+      s->record_metrics = false;
+      auto warm = s->done.get_future();
+      caf::anon_send(m.nodes[0]->head(), generate_atom::value, s);
+      if (warm.wait_for(m.opts.connect_timeout) != std::future_status::ready)
+        throw std::runtime_error("the pipelines did not answer a first run within " +
+                                 std::to_string(m.opts.connect_timeout.count()) + " ms");
+      GenerationResult r = warm.get();
+      if (!r.ok()) throw std::runtime_error("first run through the pipelines failed: " + r.error);
+    }
+  } catch (...) {
+    m.nodes.clear();
+    m.sys.reset();
+    m.stop_children();
+    throw;
+  }
+}
+
+std::unique_ptr<Runtime> Runtime::open(const std::string& path, RuntimeOptions options) {
+  return std::make_unique<Runtime>(Topology::load(path), options);
+}
+
+Runtime::~Runtime() {
+  impl_->nodes.clear();
+  impl_->sys.reset();
+  impl_->stop_children();
+}
+
+std::unique_ptr<Generation> Runtime::submit(GenerationRequest request, StreamCallback on_token) {
+  auto s = std::make_shared<Session>();
+  s->request = std::move(request);
+  s->on_token = std::move(on_token);
+  auto g = std::make_unique<Generation>(s);
+  caf::anon_send(impl_->nodes[0]->head(), generate_atom::value, s);
+  return g;
+}
+
+GenerationResult Runtime::generate(GenerationRequest request, StreamCallback on_token) {
+  return submit(std::move(request), std::move(on_token))->wait();
+}
+
+std::vector<Runtime::StageCounters> Runtime::stage_counters() const {
+  std::vector<StageCounters> out;
+  for (const auto& n : impl_->nodes)
+    for (const auto& s : n->stages())
+      out.push_back({n->name(), s.pipeline, s.layer_begin, s.layer_end, s.stats->runs.load(),
+                     s.stats->layers_computed.load(), s.stats->runs_cancelled.load()});
+  return out;
+}
+
+const Topology& Runtime::topology() const { return impl_->topo; }
+const Tokenizer& Runtime::tokenizer() const { return impl_->head_model->tokenizer(); }
+
+}  // namespace specmesh

@@ -1,0 +1,71 @@
+// The embedding API: load a topology, submit prompts, receive tokens, cancel.
+//
+//   auto rt = specmesh::Runtime::open("topology.toml");
+//   auto result = rt->generate({.prompt = "Once upon a time", .n_predict = 64},
+//                              [](int32_t id, const std::string& piece) {
+//                                std::cout << piece << std::flush;
+//                                return true;  // false stops generation
+//                              });
+//   if (!result.ok()) std::cerr << result.error << "\n";
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "specmesh/actors/head.hpp"
+#include "specmesh/runtime/topology.hpp"
+
+namespace specmesh {
+
+struct RuntimeOptions {
+  // Start the topology's out-of-process nodes as child processes of this one (running
+  // `specmesh node`); otherwise they must already be running.
+  bool spawn_nodes = false;
+  std::string specmesh_binary;  // for spawn_nodes; default: this executable
+  std::chrono::milliseconds connect_timeout{10000};
+};
+
+// A generation in progress.
+class Generation {
+ public:
+  explicit Generation(SessionPtr s) : session_(std::move(s)), result_(session_->done.get_future()) {}
+  GenerationResult wait() { return result_.get(); }
+  // Stops after the token being computed; the result keeps what was accepted.
+  void cancel() { session_->cancel = true; }
+
+ private:
+  SessionPtr session_;
+  std::future<GenerationResult> result_;
+};
+
+class Runtime {
+ public:
+  explicit Runtime(Topology topology, RuntimeOptions options = {});
+  static std::unique_ptr<Runtime> open(const std::string& topology_path, RuntimeOptions options = {});
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // Starts a generation; on_token runs on a runtime thread for every accepted token.
+  std::unique_ptr<Generation> submit(GenerationRequest request, StreamCallback on_token = {});
+  // Blocking form of submit().
+  GenerationResult generate(GenerationRequest request, StreamCallback on_token = {});
+
+  // Work done by the stages hosted in this process (for metrics and tests).
+  struct StageCounters {
+    std::string node, pipeline;
+    int layer_begin = 0, layer_end = 0;
+    uint64_t runs = 0, layers_computed = 0, runs_cancelled = 0;
+  };
+  std::vector<StageCounters> stage_counters() const;
+
+  const Topology& topology() const;
+  const Tokenizer& tokenizer() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace specmesh

@@ -1,0 +1,282 @@
+#include "specmesh/runtime/topology.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+namespace specmesh {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Builds "file:line: key: message" from a node's source position.
+class Errors {
+ public:
+  explicit Errors(std::string file) : file_(std::move(file)) {}
+  [[noreturn]] void fail(const toml::node* n, const std::string& key, const std::string& what) const {
+    std::string where = file_;
+    if (n && n->source().begin.line) where += ":" + std::to_string(n->source().begin.line);
+    throw ConfigError(where + ": " + key + ": " + what);
+  }
+
+ private:
+  std::string file_;
+};
+
+template <class T>
+T get(const Errors& e, const toml::table& t, const std::string& prefix, const std::string& key, T fallback) {
+  const toml::node* n = t.get(key);
+  if (!n) return fallback;
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (auto v = n->value<std::string>()) return *v;
+    e.fail(n, prefix + key, "expected a string");
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (auto v = n->value<bool>()) return *v;
+    e.fail(n, prefix + key, "expected true or false");
+  } else if constexpr (std::is_integral_v<T>) {
+    if (auto v = n->value<int64_t>()) return static_cast<T>(*v);
+    e.fail(n, prefix + key, "expected an integer");
+  } else {
+    if (auto v = n->value<double>()) return static_cast<T>(*v);
+    e.fail(n, prefix + key, "expected a number");
+  }
+}
+
+void check_keys(const Errors& e, const toml::table& t, const std::string& prefix, std::set<std::string> allowed) {
+  for (const auto& [k, v] : t)
+    if (!allowed.count(std::string(k.str()))) e.fail(&v, prefix + std::string(k.str()), "unknown key");
+}
+
+const toml::table& table_at(const Errors& e, const toml::node& n, const std::string& key) {
+  if (!n.is_table()) e.fail(&n, key, "expected a table");
+  return *n.as_table();
+}
+
+std::string resolve_path(const std::string& base, const std::string& p) {
+  if (p.empty() || fs::path(p).is_absolute()) return p;
+  return (fs::path(base) / p).lexically_normal().string();
+}
+
+}  // namespace
+
+Topology Topology::load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path + ": cannot open the topology file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse(ss.str(), path, fs::absolute(path).parent_path().string());
+}
+
+Topology Topology::parse(const std::string& text, const std::string& file, const std::string& base_dir) {
+  Errors e(file);
+  toml::table root;
+  try {
+    root = toml::parse(text, file);
+  } catch (const toml::parse_error& err) {
+    throw ConfigError(file + ":" + std::to_string(err.source().begin.line) + ": " + std::string(err.description()));
+  }
+  check_keys(e, root, "", {"run", "models", "nodes", "devices", "stages", "link"});
+  Topology t;
+  t.path = file;
+
+  if (const toml::node* n = root.get("models")) {
+    for (const auto& [name, v] : table_at(e, *n, "models")) {
+      const std::string pre = "models." + std::string(name.str()) + ".";
+      const auto& m = table_at(e, v, pre);
+      check_keys(e, m, pre, {"path", "tokenizer"});
+      ModelSpec s{std::string(name.str()), resolve_path(base_dir, get<std::string>(e, m, pre, "path", "")),
+                  resolve_path(base_dir, get<std::string>(e, m, pre, "tokenizer", ""))};
+      if (s.path.empty()) e.fail(&v, pre + "path", "every model needs a path");
+      t.models[s.name] = s;
+    }
+  }
+  if (t.models.empty()) e.fail(nullptr, "models", "at least one model is needed");
+
+  const toml::node* runn = root.get("run");
+  if (!runn) e.fail(nullptr, "run", "missing [run] table");
+  {
+    const auto& r = table_at(e, *runn, "run");
+    check_keys(e, r, "run.", {"model", "strategy", "draft", "n_predict", "n_ctx", "temperature", "top_k", "top_p", "min_p", "seed", "params", "metrics_csv"});
+    RunSpec& s = t.run;
+    s.model = get<std::string>(e, r, "run.", "model", t.models.size() == 1 ? t.models.begin()->first : "");
+    if (!t.models.count(s.model)) e.fail(r.get("model"), "run.model", "names no model in [models]: '" + s.model + "'");
+    s.strategy = get<std::string>(e, r, "run.", "strategy", "ar");
+    if (s.strategy != "ar" && s.strategy != "spec" && s.strategy != "pipeinfer")
+      e.fail(r.get("strategy"), "run.strategy", "must be \"ar\", \"spec\" or \"pipeinfer\", not \"" + s.strategy + "\"");
+    s.draft = get<std::string>(e, r, "run.", "draft", "");
+    if (!s.draft.empty() && !t.models.count(s.draft)) e.fail(r.get("draft"), "run.draft", "names no model in [models]");
+    if (s.strategy != "ar" && s.draft.empty()) e.fail(runn, "run.draft", "strategy \"" + s.strategy + "\" needs a draft model");
+    s.n_predict = get<int>(e, r, "run.", "n_predict", 128);
+    s.n_ctx = get<int>(e, r, "run.", "n_ctx", 0);
+    s.temperature = get<float>(e, r, "run.", "temperature", 0.0f);
+    s.top_k = get<int>(e, r, "run.", "top_k", 0);
+    s.top_p = get<float>(e, r, "run.", "top_p", 1.0f);
+    s.min_p = get<float>(e, r, "run.", "min_p", 0.0f);
+    s.seed = get<uint64_t>(e, r, "run.", "seed", 0);
+    s.metrics_csv = resolve_path(base_dir, get<std::string>(e, r, "run.", "metrics_csv", ""));
+    if (s.n_predict <= 0) e.fail(r.get("n_predict"), "run.n_predict", "must be positive");
+    if (s.temperature < 0) e.fail(r.get("temperature"), "run.temperature", "must not be negative");
+    if (const toml::node* p = r.get("params")) {
+      for (const auto& [k, v] : table_at(e, *p, "run.params")) {
+        auto d = v.value<double>();
+        if (!d) e.fail(&v, "run.params." + std::string(k.str()), "expected a number");
+        static const std::set<std::string> known = {"n_draft", "max_micro_batch", "max_runs", "p_accept",
+                                                    "p_recovery", "p_decay", "cancel"};
+        if (!known.count(std::string(k.str())))
+          e.fail(&v, "run.params." + std::string(k.str()),
+                 "unknown parameter (n_draft, max_micro_batch, max_runs, p_accept, p_recovery, p_decay, cancel)");
+        s.params[std::string(k.str())] = *d;
+      }
+    }
+  }
+
+  if (const toml::node* n = root.get("nodes")) {
+    for (const auto& [name, v] : table_at(e, *n, "nodes")) {
+      const std::string pre = "nodes." + std::string(name.str()) + ".";
+      const auto& m = table_at(e, v, pre);
+      check_keys(e, m, pre, {"endpoint", "head"});
+      NodeSpec s{std::string(name.str()), get<std::string>(e, m, pre, "endpoint", ""), get<bool>(e, m, pre, "head", false)};
+      if (s.endpoint.rfind("inproc://", 0) != 0 && s.endpoint.rfind("ipc://", 0) != 0 && s.endpoint.rfind("tcp://", 0) != 0)
+        e.fail(m.get("endpoint") ? m.get("endpoint") : &v, pre + "endpoint", "must start with inproc://, ipc:// or tcp://");
+      if (s.head) {
+        if (!t.head_node.empty()) e.fail(&v, pre + "head", "only one node can host the head (already: " + t.head_node + ")");
+        t.head_node = s.name;
+      }
+      t.nodes[s.name] = s;
+    }
+  }
+  if (t.nodes.empty()) {
+    // No [nodes]: everything runs in this process.
+    t.nodes["local"] = {"local", "inproc://specmesh-local", true};
+    t.head_node = "local";
+  }
+  if (t.head_node.empty()) e.fail(root.get("nodes"), "nodes", "one node needs head = true");
+
+  if (const toml::node* n = root.get("devices")) {
+    for (const auto& [name, v] : table_at(e, *n, "devices")) {
+      const std::string pre = "devices." + std::string(name.str()) + ".";
+      const auto& m = table_at(e, v, pre);
+      check_keys(e, m, pre, {"node", "threads", "profile"});
+      DeviceSpec s;
+      s.name = std::string(name.str());
+      s.node = get<std::string>(e, m, pre, "node", t.head_node);
+      if (!t.nodes.count(s.node)) e.fail(m.get("node"), pre + "node", "names no node in [nodes]: '" + s.node + "'");
+      s.threads = get<int>(e, m, pre, "threads", 1);
+      if (s.threads < 1 || s.threads > 256) e.fail(m.get("threads"), pre + "threads", "must be between 1 and 256");
+      if (const toml::node* p = m.get("profile")) {
+        if (auto pname = p->value<std::string>()) {
+          s.profile = device_profile(*pname);
+          if (!s.profile) e.fail(p, pre + "profile", "unknown profile '" + *pname + "' (n150, rpi5, slow-node, fast-node)");
+        } else {
+          const auto& pt = table_at(e, *p, pre + "profile");
+          check_keys(e, pt, pre + "profile.", {"flops_per_s", "bytes_per_s", "op_overhead_us", "layer_ms", "layer_token_ms"});
+          DeviceProfile d;
+          d.name = s.name;
+          d.flops_per_s = get<double>(e, pt, pre + "profile.", "flops_per_s", 0);
+          d.bytes_per_s = get<double>(e, pt, pre + "profile.", "bytes_per_s", 0);
+          d.op_overhead_s = get<double>(e, pt, pre + "profile.", "op_overhead_us", 0) * 1e-6;
+          d.layer_s = get<double>(e, pt, pre + "profile.", "layer_ms", 0) * 1e-3;
+          d.layer_token_s = get<double>(e, pt, pre + "profile.", "layer_token_ms", 0) * 1e-3;
+          s.profile = d;
+        }
+      }
+      t.devices[s.name] = s;
+    }
+  }
+  if (t.devices.empty()) t.devices["cpu"] = {"cpu", t.head_node, 1, std::nullopt};
+
+  if (const toml::node* n = root.get("link")) {
+    if (auto pname = n->value<std::string>()) {
+      auto l = link_profile(*pname);
+      if (!l) e.fail(n, "link", "unknown link profile '" + *pname + "' (gigabit, 10gbe, eth-n150)");
+      t.link = *l;
+    } else {
+      const auto& lt = table_at(e, *n, "link");
+      check_keys(e, lt, "link.", {"latency_us", "gbps"});
+      t.link.latency_s = get<double>(e, lt, "link.", "latency_us", 0) * 1e-6;
+      t.link.bytes_per_s = get<double>(e, lt, "link.", "gbps", 0) * 1e9 / 8;
+    }
+  }
+
+  if (const toml::node* n = root.get("stages")) {
+    const toml::array* arr = n->as_array();
+    if (!arr) e.fail(n, "stages", "expected an array of tables ([[stages]])");
+    for (size_t i = 0; i < arr->size(); ++i) {
+      const std::string pre = "stages[" + std::to_string(i) + "].";
+      const auto& m = table_at(e, *arr->get(i), pre);
+      check_keys(e, m, pre, {"model", "device", "layers", "fraction"});
+      StageSpec s;
+      s.line = m.source().begin.line;
+      s.model = get<std::string>(e, m, pre, "model", t.run.model);
+      if (!t.models.count(s.model)) e.fail(m.get("model"), pre + "model", "names no model in [models]: '" + s.model + "'");
+      s.device = get<std::string>(e, m, pre, "device", t.devices.begin()->first);
+      if (!t.devices.count(s.device)) e.fail(m.get("device"), pre + "device", "names no device in [devices]: '" + s.device + "'");
+      if (const toml::node* l = m.get("layers")) {
+        const toml::array* la = l->as_array();
+        if (!la || la->size() != 2 || !la->get(0)->value<int64_t>() || !la->get(1)->value<int64_t>())
+          e.fail(l, pre + "layers", "expected [first, end) as two integers");
+        s.layer_begin = int(*la->get(0)->value<int64_t>());
+        s.layer_end = int(*la->get(1)->value<int64_t>());
+        if (s.layer_begin < 0 || s.layer_end <= s.layer_begin) e.fail(l, pre + "layers", "must be [first, end) with first < end");
+      } else {
+        s.fraction = get<double>(e, m, pre, "fraction", 0);
+        if (!(s.fraction > 0 && s.fraction <= 1)) e.fail(m.get("fraction") ? m.get("fraction") : arr->get(i), pre + "fraction",
+                                                        "each stage needs layers = [a, b] or a fraction in (0, 1]");
+      }
+      t.stages.push_back(s);
+    }
+  }
+  // No stages for a model: one stage with all its layers on the first device of the head node.
+  for (const std::string& m : {t.run.model, t.run.draft}) {
+    if (m.empty() || !t.stages_of(m).empty()) continue;
+    std::string dev;
+    for (const auto& [dn, d] : t.devices)
+      if (d.node == t.head_node) { dev = dn; break; }
+    if (dev.empty()) dev = t.devices.begin()->first;
+    t.stages.push_back({m, dev, -1, -1, 1.0, 0});
+  }
+  return t;
+}
+
+std::vector<const StageSpec*> Topology::stages_of(const std::string& model) const {
+  std::vector<const StageSpec*> out;
+  for (const auto& s : stages)
+    if (s.model == model) out.push_back(&s);
+  return out;
+}
+
+const NodeSpec& Topology::node_of_device(const std::string& device) const {
+  return nodes.at(devices.at(device).node);
+}
+
+void Topology::resolve_layers(const std::string& model, int n_layer) {
+  std::vector<StageSpec*> ss;
+  for (auto& s : stages)
+    if (s.model == model) ss.push_back(&s);
+  auto fail = [&](const StageSpec* s, const std::string& what) {
+    throw ConfigError(path + (s && s->line ? ":" + std::to_string(s->line) : "") + ": stages of model '" + model + "': " + what);
+  };
+  int next = 0;
+  for (size_t i = 0; i < ss.size(); ++i) {
+    StageSpec* s = ss[i];
+    if (s->fraction > 0) {
+      s->layer_begin = next;
+      s->layer_end = i + 1 == ss.size() ? n_layer : std::min(n_layer, next + std::max(1, int(std::lround(s->fraction * n_layer))));
+    }
+    if (s->layer_begin != next)
+      fail(s, "layers must follow on from the previous stage: expected a range starting at " + std::to_string(next) +
+                  ", got [" + std::to_string(s->layer_begin) + ", " + std::to_string(s->layer_end) + ")");
+    if (s->layer_end > n_layer || s->layer_end <= s->layer_begin)
+      fail(s, "range [" + std::to_string(s->layer_begin) + ", " + std::to_string(s->layer_end) + ") does not fit the model's " +
+                  std::to_string(n_layer) + " layers");
+    next = s->layer_end;
+  }
+  if (next != n_layer) fail(ss.empty() ? nullptr : ss.back(), "stages cover layers [0, " + std::to_string(next) + ") of " + std::to_string(n_layer));
+}
+
+}  // namespace specmesh

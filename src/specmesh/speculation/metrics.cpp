@@ -1,0 +1,155 @@
+#include "specmesh/speculation/metrics.hpp"
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+namespace specmesh {
+
+namespace {
+
+// Shortest text that reads back to the same double, so CSV values round-trip.
+std::string number(double v) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, res.ptr);
+}
+
+// RFC 4180: quote fields holding a separator, quote or line break; double inner quotes.
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  out += '"';
+  return out;
+}
+
+std::string csv_line(const std::vector<std::string>& fields) {
+  std::string line;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    if (i) line += ',';
+    line += csv_field(fields[i]);
+  }
+  line += '\n';
+  return line;
+}
+
+std::string os_error(const char* what) {
+  return errno ? std::string(what) + ": " + std::strerror(errno) : std::string(what);
+}
+
+double ms(TokenRecorder::Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+}  // namespace
+
+double SpecMetrics::acceptance_rate() const { return drafted > 0 ? double(accepted) / double(drafted) : 0.0; }
+
+double SpecMetrics::tokens_per_verification() const {
+  return verifications > 0 ? double(accepted + verifications) / double(verifications) : 0.0;
+}
+
+const std::vector<std::string>& SpecMetrics::csv_columns() {
+  static const std::vector<std::string> cols = {
+      "strategy", "target_model", "draft_model", "prompt_tokens", "generated_tokens", "ttft_ms", "mean_itl_ms",
+      "decode_tokens_per_s", "drafted", "accepted", "acceptance_rate", "verifications", "tokens_per_verification",
+      "runs_launched", "runs_cancelled", "runs_wasted"};
+  return cols;
+}
+
+std::vector<std::string> SpecMetrics::csv_values() const {
+  return {strategy,
+          target,
+          draft,
+          std::to_string(prompt_tokens),
+          std::to_string(generated_tokens),
+          number(ttft_ms),
+          number(mean_itl_ms),
+          number(decode_tokens_per_s),
+          std::to_string(drafted),
+          std::to_string(accepted),
+          number(acceptance_rate()),
+          std::to_string(verifications),
+          number(tokens_per_verification()),
+          std::to_string(runs_launched),
+          std::to_string(runs_cancelled),
+          std::to_string(runs_wasted)};
+}
+
+nlohmann::json SpecMetrics::to_json() const {
+  return {{"strategy", strategy},
+          {"target_model", target},
+          {"draft_model", draft},
+          {"prompt_tokens", prompt_tokens},
+          {"generated_tokens", generated_tokens},
+          {"ttft_ms", ttft_ms},
+          {"mean_itl_ms", mean_itl_ms},
+          {"decode_tokens_per_s", decode_tokens_per_s},
+          {"drafted", drafted},
+          {"accepted", accepted},
+          {"acceptance_rate", acceptance_rate()},
+          {"verifications", verifications},
+          {"tokens_per_verification", tokens_per_verification()},
+          {"runs_launched", runs_launched},
+          {"runs_cancelled", runs_cancelled},
+          {"runs_wasted", runs_wasted}};
+}
+
+void to_json(nlohmann::json& j, const SpecMetrics& m) { j = m.to_json(); }
+
+void SpecMetrics::append_csv(const std::string& path) const {
+  const std::string header = csv_line(csv_columns());
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);  // an error here means no file yet (or a directory)
+  const bool fresh = ec || size == 0;
+  if (!fresh) {
+    std::ifstream in(path, std::ios::binary);
+    std::string first;
+    std::getline(in, first);
+    if (!first.empty() && first.back() == '\r') first.pop_back();
+    if (first + '\n' != header)
+      throw std::runtime_error("metrics CSV '" + path + "' starts with a different header: " + first);
+  }
+  errno = 0;
+  std::ofstream out(path, std::ios::binary | std::ios::app);
+  if (!out) throw std::runtime_error(os_error(("cannot open metrics CSV '" + path + "' for appending").c_str()));
+  // Header and row in one write, so concurrent appenders are less likely to interleave.
+  const std::string text = (fresh ? header : std::string()) + csv_line(csv_values());
+  out.write(text.data(), std::streamsize(text.size()));
+  out.flush();
+  if (!out) throw std::runtime_error(os_error(("cannot write metrics CSV '" + path + "'").c_str()));
+}
+
+void TokenRecorder::restart(Clock::time_point start) {
+  start_ = start;
+  times_.clear();
+}
+
+void TokenRecorder::accept(int n, Clock::time_point t) {
+  if (n < 0) throw std::invalid_argument("TokenRecorder::accept: negative token count");
+  if (t < start_ || (!times_.empty() && t < times_.back()))
+    throw std::invalid_argument("TokenRecorder::accept: timestamp goes backwards");
+  times_.insert(times_.end(), size_t(n), t);
+}
+
+void TokenRecorder::fill(SpecMetrics& m) const {
+  const size_t n = times_.size();
+  m.generated_tokens = int64_t(n);
+  m.ttft_ms = n ? ms(times_.front() - start_) : 0.0;
+  m.mean_itl_ms = 0;
+  m.decode_tokens_per_s = 0;
+  if (n < 2) return;
+  // The gaps telescope: their mean is the span from the first to the last token over n-1.
+  const double span = ms(times_.back() - times_.front());
+  m.mean_itl_ms = span / double(n - 1);
+  if (span > 0) m.decode_tokens_per_s = double(n - 1) / (span / 1000.0);
+}
+
+}  // namespace specmesh
