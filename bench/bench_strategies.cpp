@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "specmesh/runtime/runtime.hpp"
+#include "specmesh/runtime.hpp"
 
 using namespace specmesh;
 

@@ -21,7 +21,7 @@
 
 #include "specmesh/model/model.hpp"
 #include "refdata.hpp"
-#include "specmesh/runtime/topology.hpp"
+#include "specmesh/topology.hpp"
 
 using namespace specmesh;
 namespace fs = std::filesystem;
@@ -106,9 +106,9 @@ TEST(Examples, EveryTopologyParsesAndItsLayersResolve) {
     ASSERT_TRUE(fs::exists(m.path)) << m.path;
     EXPECT_EQ(fs::canonical(m.path), fs::canonical(refdata_path()));
     const int n_layer = Model::load(m.path, m.tokenizer)->hparams().n_layer;
-    t.resolve_layers(t.run.model, n_layer);
+    t.resolve_layers("target", n_layer);
     int next = 0;
-    for (const StageSpec* s : t.stages_of(t.run.model)) {
+    for (const StageSpec* s : t.stages_of("target")) {
       EXPECT_EQ(s->layer_begin, next);
       next = s->layer_end;
     }
@@ -197,7 +197,7 @@ TEST(Examples, BrokenTopologyNamesFileLineAndKey) {
                       << "\"\n[devices.a]\n[[stages]]\ndevice = \"a\"\nlayers = [0, 3]\n";
   r = shell(cli("run " + path + " -p hi -n 4 2>&1"));
   EXPECT_EQ(r.status, 1) << r.out;
-  EXPECT_NE(r.out.find(path + ":5: stages of model 'm'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(path + ":5: stages of role 'target'"), std::string::npos) << r.out;
 }
 
 namespace {
@@ -270,7 +270,7 @@ TEST(Install, EmbedExampleBuildsAgainstTheInstalledPackage) {
   fs::remove_all(build);
   for (auto [what, cmd] : std::vector<std::pair<std::string, std::string>>{
            {"install", "cmake --install " + std::string(SPECMESH_BINARY_DIR) + " --prefix " + prefix},
-           {"configure", "cmake -S " + kExamples + "embed -B " + build + " -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=" + prefix},
+           {"configure", "cmake -S " + kExamples + "embed -B " + build + " -DCMAKE_BUILD_TYPE=Release -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DCMAKE_PREFIX_PATH=" + prefix},
            {"build", "cmake --build " + build + " -j 2"}}) {
     auto failed = step(what, cmd);
     if (failed && *failed == "timeout")
@@ -278,7 +278,29 @@ TEST(Install, EmbedExampleBuildsAgainstTheInstalledPackage) {
                    << " s budget (busy machine?); the installed package was NOT checked ***\n";
     ASSERT_FALSE(failed);
   }
-  EXPECT_TRUE(fs::exists(prefix + "/include/specmesh/runtime/runtime.hpp"));
+  // Only the public face is installed, and it includes nothing but itself and the standard
+  // library: an app needs no CAF, ZeroMQ or msgpack include path.
+  EXPECT_TRUE(fs::exists(prefix + "/include/specmesh/runtime.hpp"));
+  EXPECT_FALSE(fs::exists(prefix + "/include/specmesh/actors"));
+  int headers = 0;
+  for (const auto& e : fs::directory_iterator(prefix + "/include/specmesh")) {
+    ++headers;
+    std::ifstream in(e.path());
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("#include", 0) != 0) continue;
+      const bool std_header = line.find('<') != std::string::npos && line.find('.') == std::string::npos;
+      const bool own = line.find("\"specmesh/") != std::string::npos && line.find('/', line.find("specmesh/") + 9) == std::string::npos;
+      EXPECT_TRUE(std_header || own) << e.path() << ": " << line;
+    }
+  }
+  EXPECT_GE(headers, 3);
+  // The app was compiled with the installed include directory alone.
+  std::ifstream cc(build + "/compile_commands.json");
+  std::stringstream ccs;
+  ccs << cc.rdbuf();
+  for (const std::string bad : {"caf", "zmq", "msgpack", "spdlog"})
+    EXPECT_EQ(ccs.str().find(bad), std::string::npos) << "the embed app's compile line mentions " << bad << ":\n" << ccs.str();
+  EXPECT_NE(ccs.str().find(prefix + "/include"), std::string::npos) << ccs.str();
   bool has_config = false;
   for (const auto& e : fs::recursive_directory_iterator(prefix))
     has_config |= e.path().filename() == "specmeshConfig.cmake" && fs::exists(e.path().parent_path() / "FindCAF.cmake");

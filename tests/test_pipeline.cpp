@@ -18,7 +18,7 @@
 #include "specmesh/model/synthetic.hpp"
 #include "ports.hpp"
 #include "refdata.hpp"
-#include "specmesh/runtime/runtime.hpp"
+#include "specmesh/runtime.hpp"
 
 using namespace specmesh;
 using specmesh::test::refdata;
@@ -191,7 +191,21 @@ TEST(Topology, ErrorsNameFileLineAndKey) {
   };
   EXPECT_EQ(err("[run]\nstrategy = \"ar\"\n"), "t.toml: models: at least one model is needed");
   EXPECT_EQ(err("[models.t]\npath = \"x\"\n[run]\nstrategy = \"fast\"\n"),
-            "t.toml:4: run.strategy: must be \"ar\", \"spec\" or \"pipeinfer\", not \"fast\"");
+            "t.toml:4: run.strategy: unknown strategy \"fast\" (registered: ar, spec, pipeinfer)");
+  // A strategy's roles and parameters come from the registry.
+  EXPECT_EQ(err("[models.t]\npath = \"x\"\n[run]\nstrategy = \"spec\"\n"),
+            "t.toml:4: run.strategy: \"spec\" needs a pipeline for role \"draft\"");
+  const std::string two = "[models.t]\npath = \"x\"\n[models.d]\npath = \"y\"\n[run]\nmodel = \"t\"\ndraft = \"d\"\n";
+  EXPECT_EQ(err(two + "strategy = \"spec\"\n[run.params]\nn_draft = 0\n"),
+            "t.toml:10: run.params.n_draft: parameter n_draft (int, 1..64, default 4): must be between 1 and 64, not 0");
+  EXPECT_EQ(err(two + "strategy = \"spec\"\n[run.params]\nn_draft = 2.5\n"),
+            "t.toml:10: run.params.n_draft: parameter n_draft (int, 1..64, default 4): expected an integer");
+  EXPECT_EQ(err(two + "strategy = \"spec\"\n[run.params]\np_accept = nan\n"),
+            "t.toml:10: run.params.p_accept: parameter p_accept (float, 0..1, default 0.5): must be a finite number");
+  EXPECT_EQ(err(two + "strategy = \"spec\"\n[run.params]\ncancel = true\n"),
+            "t.toml:10: run.params.cancel: strategy \"spec\" has no parameter 'cancel' (it takes n_draft, p_accept)");
+  EXPECT_EQ(err(two + "[run.roles]\ndraft2 = \"nope\"\n"), "t.toml:9: run.roles.draft2: names no model in [models]: 'nope'");
+  EXPECT_EQ(err(two + "[[stages]]\nrole = \"retrieval\"\n"), "t.toml:9: stages[0].role: names no pipeline role of [run]: 'retrieval'");
   EXPECT_EQ(err("[models.t]\npath = \"x\"\n[run]\nn_predict = \"many\"\n"), "t.toml:4: run.n_predict: expected an integer");
   EXPECT_EQ(err("[models.t]\npath = \"x\"\n[run]\n[nodes.a]\nendpoint = \"http://x\"\nhead = true\n"),
             "t.toml:5: nodes.a.endpoint: must start with inproc://, ipc:// or tcp://");
@@ -207,12 +221,31 @@ TEST(Topology, FractionsResolveToContiguousRanges) {
       "[[stages]]\ndevice = \"a\"\nfraction = 0.4\n[[stages]]\ndevice = \"b\"\nfraction = 0.6\n",
       "t.toml", "/models");
   EXPECT_EQ(t.models.at("t").path, "/models/m.gguf");
-  t.resolve_layers("t", 5);
+  t.resolve_layers("target", 5);
   EXPECT_EQ(t.stages[0].layer_begin, 0);
   EXPECT_EQ(t.stages[0].layer_end, 2);
   EXPECT_EQ(t.stages[1].layer_begin, 2);
   EXPECT_EQ(t.stages[1].layer_end, 5);
   Topology bad = Topology::parse(
       "[models.t]\npath = \"m.gguf\"\n[run]\n[devices.a]\n[[stages]]\ndevice = \"a\"\nlayers = [0, 3]\n", "t.toml", "/");
-  EXPECT_THROW(bad.resolve_layers("t", 5), ConfigError);
+  EXPECT_THROW(bad.resolve_layers("target", 5), ConfigError);
+}
+
+// A model can serve several roles: each role gets a pipeline (and a KV cache) of its own.
+TEST(Topology, RolesHaveTheirOwnPipelines) {
+  Topology t = Topology::parse(
+      "[models.m]\npath = \"m.gguf\"\n[models.s]\npath = \"s.gguf\"\n[run]\nmodel = \"m\"\ndraft = \"m\"\n"
+      "[run.roles]\ndraft2 = \"s\"\n[devices.a]\n[devices.b]\n"
+      "[[stages]]\nmodel = \"m\"\ndevice = \"a\"\nfraction = 1.0\n[[stages]]\nrole = \"draft\"\ndevice = \"b\"\nfraction = 1.0\n",
+      "t.toml", "/");
+  EXPECT_EQ(t.run.strategy, "spec");  // the registry's default for target + draft
+  const auto roles = t.role_models();
+  ASSERT_EQ(roles.size(), 3u);
+  EXPECT_EQ(roles.at("draft2"), "s");
+  ASSERT_EQ(t.stages_of("target").size(), 1u);
+  EXPECT_EQ(t.stages_of("target")[0]->device, "a");
+  ASSERT_EQ(t.stages_of("draft").size(), 1u);  // its own tagged stage, not m's untagged one
+  EXPECT_EQ(t.stages_of("draft")[0]->device, "b");
+  ASSERT_EQ(t.stages_of("draft2").size(), 1u);  // added on the head node's first device
+  EXPECT_EQ(t.stages_of("draft2")[0]->model, "s");
 }

@@ -29,7 +29,7 @@
 
 #include "specmesh/model/context.hpp"
 #include "specmesh/model/generate.hpp"
-#include "specmesh/runtime/runtime.hpp"
+#include "specmesh/runtime.hpp"
 
 namespace specmesh {
 namespace {

@@ -9,9 +9,7 @@
 #include <stdexcept>
 #include <string>
 
-#include <spdlog/spdlog.h>
-
-#include "specmesh/runtime/runtime.hpp"
+#include "specmesh/runtime.hpp"
 
 namespace {
 
@@ -29,7 +27,7 @@ int main(int argc, char** argv) {
   }
   const std::string prompt = argc > 2 ? argv[2] : "Once upon a time";
   const int cancel_after = argc > 3 ? std::stoi(argv[3]) : 8;
-  spdlog::set_level(spdlog::level::warn);  // the runtime logs through spdlog's default logger
+  specmesh::set_log_level("warn");
   try {
     // Nodes of the topology that live in other processes are started here and stopped when
     // the runtime goes away; an app on a real cluster would leave spawn_nodes off.

@@ -11,5 +11,6 @@ void register_inspect(CLI::App& app);
 void register_make_model(CLI::App& app);
 void register_run(CLI::App& app);
 void register_node(CLI::App& app);
+void register_strategies(CLI::App& app);
 
 }  // namespace specmesh

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   specmesh::register_make_model(app);
   specmesh::register_run(app);
   specmesh::register_node(app);
+  specmesh::register_strategies(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Error& e) {

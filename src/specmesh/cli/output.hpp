@@ -3,7 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "specmesh/actors/head.hpp"
+#include "specmesh/generation.hpp"
+#include "specmesh/speculation/metrics.hpp"
 
 namespace specmesh {
 
@@ -12,7 +13,7 @@ inline nlohmann::json result_json(const GenerationResult& r) {
   j["prompt_ids"] = r.prompt_ids;
   j["ids"] = r.ids;
   j["text"] = r.text;
-  nlohmann::json stats = r.metrics.to_json();
+  nlohmann::json stats = r.metrics;
   stats["prompt_tokens"] = r.stats.prompt_tokens;
   stats["generated_tokens"] = r.stats.generated_tokens;
   stats["ttft_ms"] = r.stats.ttft_ms;

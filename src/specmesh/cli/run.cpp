@@ -11,24 +11,34 @@
 #include "specmesh/runtime/node.hpp"
 #include "specmesh/cli/commands.hpp"
 #include "specmesh/cli/output.hpp"
-#include "specmesh/runtime/runtime.hpp"
+#include "specmesh/cli/params.hpp"
+#include "specmesh/speculation/registry.hpp"
+#include "specmesh/runtime.hpp"
 
 namespace specmesh {
 
 namespace {
 
 struct RunOptions {
-  std::string config, prompt;
+  std::string config, prompt, strategy;
+  ParamOptions params;
   int n_predict = 0;
   bool json = false, spawn = false, ignore_eos = false;
   double timeout_s = 10;
 };
 
-int run_topology(const RunOptions& o) {
+int run_topology(const RunOptions& o, const CLI::App& cmd) {
   RuntimeOptions ro;
   ro.spawn_nodes = o.spawn;
   ro.connect_timeout = std::chrono::milliseconds(int64_t(o.timeout_s * 1000));
-  auto rt = Runtime::open(o.config, ro);
+  Topology topo = Topology::load(o.config);
+  // Command-line choices override the file's [run] strategy and parameters.
+  if (!o.strategy.empty() && o.strategy != topo.run.strategy) {
+    topo.run.strategy = o.strategy;
+    topo.run.params.clear();
+  }
+  for (const auto& [k, v] : o.params.values(cmd)) topo.run.params[k] = v;
+  auto rt = std::make_unique<Runtime>(std::move(topo), ro);
   GenerationRequest req;
   req.prompt = o.prompt;
   req.n_predict = o.n_predict;
@@ -67,8 +77,7 @@ int run_node(const std::string& config, const std::string& name) {
   Topology topo = Topology::load(config);
   if (!topo.nodes.count(name)) throw ConfigError(config + ": no node named '" + name + "' in [nodes]");
   ModelCache models;
-  for (const std::string& model : {topo.run.model, topo.run.draft})
-    if (!model.empty()) topo.resolve_layers(model, models.get(topo.models.at(model))->hparams().n_layer);
+  resolve_layers(topo, models);
   caf::actor_system_config cfg;
   configure_low_latency_scheduler(cfg);
   caf::actor_system sys{cfg};
@@ -94,8 +103,10 @@ void register_run(CLI::App& app) {
   cmd->add_flag("--json", o->json, "print one JSON object with ids, text and stats");
   cmd->add_flag("--spawn", o->spawn, "start the topology's other nodes as child processes");
   cmd->add_option("--connect-timeout", o->timeout_s, "seconds to wait for the other nodes");
-  cmd->callback([o] {
-    int rc = run_topology(*o);
+  cmd->add_option("--strategy", o->strategy, "override run.strategy (" + strategy_names() + ")");
+  o->params.add_to(*cmd);
+  cmd->callback([o, cmd] {
+    int rc = run_topology(*o, *cmd);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });
 }

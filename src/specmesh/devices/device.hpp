@@ -14,7 +14,7 @@
 #include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/atom.hpp>
 
-#include "specmesh/devices/profile.hpp"
+#include "specmesh/profiles.hpp"
 #include "specmesh/kernels/thread_pool.hpp"
 
 namespace caf {

@@ -1,4 +1,4 @@
-#include "specmesh/devices/profile.hpp"
+#include "specmesh/profiles.hpp"
 
 #include <algorithm>
 

@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "specmesh/devices/profile.hpp"
+#include "specmesh/profiles.hpp"
 #include "specmesh/kernels/thread_pool.hpp"
 #include "specmesh/model/batch.hpp"
 #include "specmesh/model/kv_cache.hpp"

@@ -18,13 +18,7 @@ struct GenerateParams {
   int n_batch = 256;        // prompt tokens per forward pass
 };
 
-struct GenerateStats {
-  int prompt_tokens = 0;
-  int generated_tokens = 0;
-  double ttft_ms = 0;             // start to first generated token (prompt processing included)
-  double decode_tokens_per_s = 0; // generated tokens after the first, per second
-  double total_ms = 0;
-};
+using GenerateStats = GenerationStats;  // the public type (specmesh/generation.hpp)
 
 // Called with each generated token; returning false stops generation.
 using TokenCallback = std::function<bool(int32_t)>;

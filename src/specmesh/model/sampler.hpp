@@ -5,15 +5,11 @@
 #include <random>
 #include <vector>
 
+#include "specmesh/generation.hpp"
+
 namespace specmesh {
 
-struct SamplerParams {
-  float temperature = 0.0f;  // <= 0: greedy
-  int top_k = 0;             // 0: off
-  float top_p = 1.0f;        // 1: off
-  float min_p = 0.0f;        // 0: off
-  uint64_t seed = 0;
-};
+using SamplerParams = SamplingParams;  // the public type (specmesh/generation.hpp)
 
 class Sampler {
  public:

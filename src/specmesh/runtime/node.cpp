@@ -18,10 +18,15 @@ std::shared_ptr<const Model> ModelCache::get(const ModelSpec& spec) {
   return m;
 }
 
-std::vector<std::string> pipeline_nodes(const Topology& topo, const std::string& model) {
+std::vector<std::string> pipeline_nodes(const Topology& topo, const std::string& role) {
   std::vector<std::string> out;
-  for (const StageSpec* s : topo.stages_of(model)) out.push_back(topo.node_of_device(s->device).name);
+  for (const StageSpec* s : topo.stages_of(role)) out.push_back(topo.node_of_device(s->device).name);
   return out;
+}
+
+void resolve_layers(Topology& topo, ModelCache& models) {
+  for (const auto& [role, model] : topo.role_models())
+    topo.resolve_layers(role, models.get(topo.models.at(model))->hparams().n_layer);
 }
 
 namespace {
@@ -88,14 +93,13 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
   }
 
   std::vector<Route> routes;
-  for (const std::string& model : {topo.run.model, topo.run.draft}) {
-    if (model.empty()) continue;
-    auto stages = topo.stages_of(model);
+  for (const auto& [role, model] : topo.role_models()) {
+    auto stages = topo.stages_of(role);
     for (size_t i = 0; i < stages.size(); ++i) {
       const StageSpec& s = *stages[i];
       if (topo.devices.at(s.device).node != node) continue;
       StageConfig sc;
-      sc.pipeline = model;
+      sc.pipeline = role;
       sc.self_node = node;
       sc.head_node = topo.head_node;
       sc.next_node = i + 1 < stages.size() ? topo.node_of_device(stages[i + 1]->device).name : topo.head_node;
@@ -109,8 +113,8 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
       auto stats = std::make_shared<StageStats>();
       caf::actor a = spawn_stage(sys, sc, stats);
       actors_.push_back(a);
-      routes.push_back({model, s.layer_begin, a});
-      stage_info_.push_back({model, s.layer_begin, s.layer_end, s.device, stats});
+      routes.push_back({role, s.layer_begin, a});
+      stage_info_.push_back({role, s.layer_begin, s.layer_end, s.device, stats});
     }
   }
   if (node == topo.head_node) {
@@ -129,39 +133,33 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
 }
 
 HeadConfig head_config(const Topology& topo, ModelCache& models, std::shared_ptr<Router> router) {
-  auto pipeline = [&](const std::string& model) {
-    PipelineRef p;
-    if (model.empty()) return p;
-    p.name = model;
-    p.model = models.get(topo.models.at(model));
-    p.nodes = pipeline_nodes(topo, model);
-    p.first_node = p.nodes.front();
-    return p;
-  };
   const RunSpec& run = topo.run;
   HeadConfig hc;
-  hc.strategy = run.strategy;
-  hc.target = pipeline(run.model);
-  hc.draft = pipeline(run.draft);
-  if (!hc.draft.name.empty() && hc.draft.model->hparams().n_vocab != hc.target.model->hparams().n_vocab)
-    throw ConfigError(topo.path + ": run.draft: the draft's vocabulary (" + std::to_string(hc.draft.model->hparams().n_vocab) +
-                      " tokens) differs from the target's (" + std::to_string(hc.target.model->hparams().n_vocab) + ")");
+  hc.strategy = &strategy(run.strategy);
+  try {
+    hc.params = hc.strategy->resolve(run.params);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(topo.path + ": run.params: " + e.what());
+  }
+  for (const auto& [role, model] : topo.role_models()) {
+    PipelineRef p;
+    p.role = role;
+    p.model_name = model;
+    p.model = models.get(topo.models.at(model));
+    p.nodes = pipeline_nodes(topo, role);
+    p.first_node = p.nodes.front();
+    hc.pipelines[role] = std::move(p);
+  }
+  const PipelineRef& target = hc.target();
+  for (const auto& [role, p] : hc.pipelines)
+    if (p.model->hparams().n_vocab != target.model->hparams().n_vocab)
+      throw ConfigError(topo.path + ": role '" + role + "': its model's vocabulary (" +
+                        std::to_string(p.model->hparams().n_vocab) + " tokens) differs from the target's (" +
+                        std::to_string(target.model->hparams().n_vocab) + ")");
   hc.router = std::move(router);
   hc.sampling = {run.temperature, run.top_k, run.top_p, run.min_p, run.seed};
   hc.n_predict = run.n_predict;
   hc.metrics_csv = run.metrics_csv;
-  auto param = [&](const char* k, double fallback) {
-    auto it = run.params.find(k);
-    return it == run.params.end() ? fallback : it->second;
-  };
-  SpecParams& sp = hc.spec;
-  sp.n_draft = int(param("n_draft", sp.n_draft));
-  sp.max_micro_batch = int(param("max_micro_batch", sp.max_micro_batch));
-  sp.max_runs = int(param("max_runs", sp.max_runs));
-  sp.p_accept = float(param("p_accept", sp.p_accept));
-  sp.p_recovery = float(param("p_recovery", sp.p_recovery));
-  sp.p_decay = float(param("p_decay", sp.p_decay));
-  sp.cancel = param("cancel", 1) != 0;
   return hc;
 }
 

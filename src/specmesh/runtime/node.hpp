@@ -17,7 +17,7 @@
 #include "specmesh/transport/router.hpp"
 #include "specmesh/actors/stage.hpp"
 #include "specmesh/devices/device.hpp"
-#include "specmesh/runtime/topology.hpp"
+#include "specmesh/topology.hpp"
 
 namespace caf {
 class actor_system;
@@ -74,7 +74,10 @@ class NodeHost {
 // The head's configuration for a topology (strategy, pipelines, sampling, parameters).
 HeadConfig head_config(const Topology& topo, ModelCache& models, std::shared_ptr<Router> router);
 
-// The nodes whose stages run `model`, in pipeline order (a node may repeat).
-std::vector<std::string> pipeline_nodes(const Topology& topo, const std::string& model);
+// The nodes whose stages run a role's pipeline, in pipeline order (a node may repeat).
+std::vector<std::string> pipeline_nodes(const Topology& topo, const std::string& role);
+
+// Resolves every role's stage layer ranges against its model (loaded through `models`).
+void resolve_layers(Topology& topo, ModelCache& models);
 
 }  // namespace specmesh

@@ -1,4 +1,4 @@
-#include "specmesh/runtime/runtime.hpp"
+#include "specmesh/runtime.hpp"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -10,6 +10,8 @@
 #include <spdlog/spdlog.h>
 
 #include "specmesh/runtime/node.hpp"
+
+#include <filesystem>
 
 namespace specmesh {
 
@@ -24,6 +26,9 @@ struct Runtime::Impl {
   std::shared_ptr<const Model> head_model;
 
   void spawn_children() {
+    if (!std::filesystem::is_regular_file(topo.path))
+      throw std::runtime_error("starting node processes needs the configuration as a topology file (nodes run `specmesh "
+                               "node --config FILE`); this one was built in code: " + topo.path);
     std::string bin = opts.specmesh_binary;
     if (bin.empty()) {
       char buf[4096];
@@ -54,10 +59,8 @@ Runtime::Runtime(Topology topology, RuntimeOptions options) : impl_(std::make_un
   Impl& m = *impl_;
   m.topo = std::move(topology);
   m.opts = options;
-  for (const std::string& model : {m.topo.run.model, m.topo.run.draft}) {
-    if (model.empty()) continue;
-    m.topo.resolve_layers(model, m.models.get(m.topo.models.at(model))->hparams().n_layer);
-  }
+  m.topo.check();
+  resolve_layers(m.topo, m.models);
   m.head_model = m.models.get(m.topo.models.at(m.topo.run.model));
   if (m.opts.spawn_nodes) m.spawn_children();
   try {
@@ -110,13 +113,25 @@ Runtime::~Runtime() {
   impl_->stop_children();
 }
 
+struct Generation::State {
+  SessionPtr session;
+  std::future<GenerationResult> result;
+};
+
+Generation::Generation(std::shared_ptr<State> state) : state_(std::move(state)) {}
+Generation::~Generation() = default;
+GenerationResult Generation::wait() { return state_->result.get(); }
+void Generation::cancel() { state_->session->cancel = true; }
+
 std::unique_ptr<Generation> Runtime::submit(GenerationRequest request, StreamCallback on_token) {
   auto s = std::make_shared<Session>();
   s->request = std::move(request);
   s->on_token = std::move(on_token);
-  auto g = std::make_unique<Generation>(s);
+  auto state = std::make_shared<Generation::State>();
+  state->session = s;
+  state->result = s->done.get_future();
   caf::anon_send(impl_->nodes[0]->head(), generate_atom::value, s);
-  return g;
+  return std::make_unique<Generation>(std::move(state));
 }
 
 GenerationResult Runtime::generate(GenerationRequest request, StreamCallback on_token) {
@@ -134,5 +149,7 @@ std::vector<Runtime::StageCounters> Runtime::stage_counters() const {
 
 const Topology& Runtime::topology() const { return impl_->topo; }
 const Tokenizer& Runtime::tokenizer() const { return impl_->head_model->tokenizer(); }
+
+void set_log_level(const std::string& level) { spdlog::set_level(spdlog::level::from_str(level)); }
 
 }  // namespace specmesh

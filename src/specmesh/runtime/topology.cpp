@@ -1,5 +1,8 @@
-#include "specmesh/runtime/topology.hpp"
+#include "specmesh/topology.hpp"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -7,6 +10,8 @@
 #include <sstream>
 
 #include <toml++/toml.h>
+
+#include "specmesh/speculation/registry.hpp"
 
 namespace specmesh {
 
@@ -101,16 +106,33 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
   if (!runn) e.fail(nullptr, "run", "missing [run] table");
   {
     const auto& r = table_at(e, *runn, "run");
-    check_keys(e, r, "run.", {"model", "strategy", "draft", "n_predict", "n_ctx", "temperature", "top_k", "top_p", "min_p", "seed", "params", "metrics_csv"});
+    check_keys(e, r, "run.", {"model", "strategy", "draft", "roles", "n_predict", "n_ctx", "temperature", "top_k", "top_p",
+                              "min_p", "seed", "params", "metrics_csv"});
     RunSpec& s = t.run;
+    t.lines["run"] = runn->source().begin.line;
+    auto line_of = [&](const toml::node* n, const std::string& key) {
+      if (n) t.lines[key] = n->source().begin.line;
+    };
     s.model = get<std::string>(e, r, "run.", "model", t.models.size() == 1 ? t.models.begin()->first : "");
     if (!t.models.count(s.model)) e.fail(r.get("model"), "run.model", "names no model in [models]: '" + s.model + "'");
-    s.strategy = get<std::string>(e, r, "run.", "strategy", "ar");
-    if (s.strategy != "ar" && s.strategy != "spec" && s.strategy != "pipeinfer")
-      e.fail(r.get("strategy"), "run.strategy", "must be \"ar\", \"spec\" or \"pipeinfer\", not \"" + s.strategy + "\"");
+    s.strategy = get<std::string>(e, r, "run.", "strategy", "");
+    line_of(r.get("strategy"), "run.strategy");
+    if (!s.strategy.empty() && !find_strategy(s.strategy))
+      e.fail(r.get("strategy"), "run.strategy", "unknown strategy \"" + s.strategy + "\" (registered: " + strategy_names() + ")");
     s.draft = get<std::string>(e, r, "run.", "draft", "");
-    if (!s.draft.empty() && !t.models.count(s.draft)) e.fail(r.get("draft"), "run.draft", "names no model in [models]");
-    if (s.strategy != "ar" && s.draft.empty()) e.fail(runn, "run.draft", "strategy \"" + s.strategy + "\" needs a draft model");
+    if (!s.draft.empty() && !t.models.count(s.draft)) e.fail(r.get("draft"), "run.draft", "names no model in [models]: '" + s.draft + "'");
+    if (const toml::node* rn = r.get("roles")) {
+      for (const auto& [k, v] : table_at(e, *rn, "run.roles")) {
+        const std::string key = "run.roles." + std::string(k.str());
+        auto m = v.value<std::string>();
+        if (!m) e.fail(&v, key, "expected a model name");
+        if (k.str() == kTargetRole || k.str() == "draft")
+          e.fail(&v, key, "set this role with run." + std::string(k.str() == kTargetRole ? "model" : "draft"));
+        if (!t.models.count(*m)) e.fail(&v, key, "names no model in [models]: '" + *m + "'");
+        s.roles[std::string(k.str())] = *m;
+        line_of(&v, key);
+      }
+    }
     s.n_predict = get<int>(e, r, "run.", "n_predict", 128);
     s.n_ctx = get<int>(e, r, "run.", "n_ctx", 0);
     s.temperature = get<float>(e, r, "run.", "temperature", 0.0f);
@@ -122,15 +144,13 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
     if (s.n_predict <= 0) e.fail(r.get("n_predict"), "run.n_predict", "must be positive");
     if (s.temperature < 0) e.fail(r.get("temperature"), "run.temperature", "must not be negative");
     if (const toml::node* p = r.get("params")) {
+      line_of(p, "run.params");
       for (const auto& [k, v] : table_at(e, *p, "run.params")) {
-        auto d = v.value<double>();
-        if (!d) e.fail(&v, "run.params." + std::string(k.str()), "expected a number");
-        static const std::set<std::string> known = {"n_draft", "max_micro_batch", "max_runs", "p_accept",
-                                                    "p_recovery", "p_decay", "cancel"};
-        if (!known.count(std::string(k.str())))
-          e.fail(&v, "run.params." + std::string(k.str()),
-                 "unknown parameter (n_draft, max_micro_batch, max_runs, p_accept, p_recovery, p_decay, cancel)");
+        const std::string key = "run.params." + std::string(k.str());
+        std::optional<double> d = v.is_boolean() ? std::optional<double>(*v.value<bool>() ? 1.0 : 0.0) : v.value<double>();
+        if (!d) e.fail(&v, key, "expected a number or true/false");
         s.params[std::string(k.str())] = *d;
+        line_of(&v, key);
       }
     }
   }
@@ -209,11 +229,17 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
     for (size_t i = 0; i < arr->size(); ++i) {
       const std::string pre = "stages[" + std::to_string(i) + "].";
       const auto& m = table_at(e, *arr->get(i), pre);
-      check_keys(e, m, pre, {"model", "device", "layers", "fraction"});
+      check_keys(e, m, pre, {"model", "role", "device", "layers", "fraction"});
       StageSpec s;
       s.line = m.source().begin.line;
-      s.model = get<std::string>(e, m, pre, "model", t.run.model);
+      s.role = get<std::string>(e, m, pre, "role", "");
+      const std::map<std::string, std::string> roles = t.role_models();
+      if (!s.role.empty() && !roles.count(s.role))
+        e.fail(m.get("role"), pre + "role", "names no pipeline role of [run]: '" + s.role + "'");
+      s.model = get<std::string>(e, m, pre, "model", s.role.empty() ? t.run.model : roles.at(s.role));
       if (!t.models.count(s.model)) e.fail(m.get("model"), pre + "model", "names no model in [models]: '" + s.model + "'");
+      if (!s.role.empty() && s.model != roles.at(s.role))
+        e.fail(m.get("model"), pre + "model", "role '" + s.role + "' runs model '" + roles.at(s.role) + "', not '" + s.model + "'");
       s.device = get<std::string>(e, m, pre, "device", t.devices.begin()->first);
       if (!t.devices.count(s.device)) e.fail(m.get("device"), pre + "device", "names no device in [devices]: '" + s.device + "'");
       if (const toml::node* l = m.get("layers")) {
@@ -231,22 +257,89 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
       t.stages.push_back(s);
     }
   }
-  // No stages for a model: one stage with all its layers on the first device of the head node.
-  for (const std::string& m : {t.run.model, t.run.draft}) {
-    if (m.empty() || !t.stages_of(m).empty()) continue;
+  t.check();
+  return t;
+}
+
+std::map<std::string, std::string> Topology::role_models() const {
+  std::map<std::string, std::string> out = run.roles;
+  out[kTargetRole] = run.model;
+  if (!run.draft.empty()) out["draft"] = run.draft;
+  return out;
+}
+
+void Topology::check() {
+  auto fail = [&](const std::string& key, const std::string& what) {
+    auto it = lines.find(key);
+    if (it == lines.end()) it = lines.find(key.substr(0, key.rfind('.')));
+    throw ConfigError(path + (it != lines.end() ? ":" + std::to_string(it->second) : "") + ": " + key + ": " + what);
+  };
+  if (run.model.empty() || !models.count(run.model)) fail("run.model", "names no model in [models]: '" + run.model + "'");
+  const std::map<std::string, std::string> roles = role_models();
+  for (const auto& [role, model] : roles)
+    if (!models.count(model)) fail(role == kTargetRole ? "run.model" : role == "draft" ? "run.draft" : "run.roles." + role,
+                                   "names no model in [models]: '" + model + "'");
+  std::set<std::string> present;
+  for (const auto& [role, model] : roles) present.insert(role);
+  const StrategyInfo* info = run.strategy.empty() ? &default_strategy(present) : find_strategy(run.strategy);
+  if (!info) fail("run.strategy", "unknown strategy \"" + run.strategy + "\" (registered: " + strategy_names() + ")");
+  run.strategy = info->name;
+  for (const std::string& role : info->roles)
+    if (!roles.count(role)) fail("run.strategy", "\"" + info->name + "\" needs a pipeline for role \"" + role + "\"");
+  for (const auto& [k, v] : run.params) {
+    try {
+      info->resolve({{k, v}});
+    } catch (const std::invalid_argument& err) {
+      fail("run.params." + k, err.what());
+    }
+  }
+  if (!nodes.count(head_node)) fail("nodes", "one node needs head = true");
+  if (devices.empty()) fail("devices", "at least one device is needed");
+  // A role without stages: one stage with all its layers on the first device of the head node.
+  for (const auto& [role, model] : roles) {
+    if (!stages_of(role).empty()) continue;
     std::string dev;
-    for (const auto& [dn, d] : t.devices)
-      if (d.node == t.head_node) { dev = dn; break; }
-    if (dev.empty()) dev = t.devices.begin()->first;
-    t.stages.push_back({m, dev, -1, -1, 1.0, 0});
+    for (const auto& [dn, d] : devices)
+      if (d.node == head_node) { dev = dn; break; }
+    if (dev.empty()) dev = devices.begin()->first;
+    stages.push_back({model, role, dev, -1, -1, 1.0, 0});
+  }
+}
+
+Topology Topology::single_process(const ModelSpec& target, const std::map<std::string, ModelSpec>& roles, int threads) {
+  Topology t;
+  t.path = "(in-process configuration)";
+  t.head_node = "local";
+  // One inproc name per configuration, so several runtimes can live in one process.
+  static std::atomic<int> instance{0};
+  t.nodes["local"] = {"local", "inproc://specmesh-local-" + std::to_string(::getpid()) + "-" + std::to_string(instance++), true};
+  t.models[kTargetRole] = target;
+  t.models[kTargetRole].name = kTargetRole;
+  t.run.model = kTargetRole;
+  t.devices[kTargetRole] = {kTargetRole, "local", std::max(1, threads), std::nullopt};
+  t.stages.push_back({kTargetRole, kTargetRole, kTargetRole, -1, -1, 1.0, 0});
+  for (const auto& [role, spec] : roles) {
+    t.models[role] = spec;
+    t.models[role].name = role;
+    if (role == "draft") t.run.draft = role;
+    else t.run.roles[role] = role;
+    t.devices[role] = {role, "local", 1, std::nullopt};
+    t.stages.push_back({role, role, role, -1, -1, 1.0, 0});
   }
   return t;
 }
 
-std::vector<const StageSpec*> Topology::stages_of(const std::string& model) const {
+std::vector<const StageSpec*> Topology::stages_of(const std::string& role) const {
+  const auto roles = role_models();
+  auto it = roles.find(role);
   std::vector<const StageSpec*> out;
+  if (it == roles.end()) return out;
+  // Stages tagged with the role, or else the untagged stages of its model.
   for (const auto& s : stages)
-    if (s.model == model) out.push_back(&s);
+    if (s.role == role) out.push_back(&s);
+  if (!out.empty()) return out;
+  for (const auto& s : stages)
+    if (s.role.empty() && s.model == it->second) out.push_back(&s);
   return out;
 }
 
@@ -254,12 +347,11 @@ const NodeSpec& Topology::node_of_device(const std::string& device) const {
   return nodes.at(devices.at(device).node);
 }
 
-void Topology::resolve_layers(const std::string& model, int n_layer) {
+void Topology::resolve_layers(const std::string& role, int n_layer) {
   std::vector<StageSpec*> ss;
-  for (auto& s : stages)
-    if (s.model == model) ss.push_back(&s);
+  for (const StageSpec* c : stages_of(role)) ss.push_back(const_cast<StageSpec*>(c));
   auto fail = [&](const StageSpec* s, const std::string& what) {
-    throw ConfigError(path + (s && s->line ? ":" + std::to_string(s->line) : "") + ": stages of model '" + model + "': " + what);
+    throw ConfigError(path + (s && s->line ? ":" + std::to_string(s->line) : "") + ": stages of role '" + role + "': " + what);
   };
   int next = 0;
   for (size_t i = 0; i < ss.size(); ++i) {

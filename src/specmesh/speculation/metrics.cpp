@@ -50,12 +50,6 @@ double ms(TokenRecorder::Clock::duration d) { return std::chrono::duration<doubl
 
 }  // namespace
 
-double SpecMetrics::acceptance_rate() const { return drafted > 0 ? double(accepted) / double(drafted) : 0.0; }
-
-double SpecMetrics::tokens_per_verification() const {
-  return verifications > 0 ? double(accepted + verifications) / double(verifications) : 0.0;
-}
-
 const std::vector<std::string>& SpecMetrics::csv_columns() {
   static const std::vector<std::string> cols = {
       "strategy", "target_model", "draft_model", "prompt_tokens", "generated_tokens", "ttft_ms", "mean_itl_ms",
@@ -102,7 +96,7 @@ nlohmann::json SpecMetrics::to_json() const {
           {"runs_wasted", runs_wasted}};
 }
 
-void to_json(nlohmann::json& j, const SpecMetrics& m) { j = m.to_json(); }
+void to_json(nlohmann::json& j, const Metrics& m) { j = SpecMetrics(m).to_json(); }
 
 void SpecMetrics::append_csv(const std::string& path) const {
   const std::string header = csv_line(csv_columns());

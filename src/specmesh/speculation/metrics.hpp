@@ -9,29 +9,14 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "specmesh/generation.hpp"
+
 namespace specmesh {
 
-struct SpecMetrics {
-  std::string strategy;      // e.g. "autoregressive", "chain", "tree"
-  std::string target;        // target model name (CSV / JSON column target_model)
-  std::string draft;         // draft model name, empty without one (column draft_model)
-  int64_t prompt_tokens = 0;
-  int64_t generated_tokens = 0;
-  double ttft_ms = 0;              // start to the first generated token
-  double mean_itl_ms = 0;          // mean gap between consecutive generated tokens after the first
-  double decode_tokens_per_s = 0;  // generated tokens after the first, per second
-  int64_t drafted = 0;             // draft tokens proposed for verification
-  int64_t accepted = 0;            // draft tokens the target accepted
-  int64_t verifications = 0;       // target runs that verified drafts
-  int64_t runs_launched = 0;       // speculative runs started
-  int64_t runs_cancelled = 0;      // runs stopped before they finished
-  int64_t runs_wasted = 0;         // runs that finished but whose result was discarded
-
-  // accepted / drafted; 0 when nothing was drafted.
-  double acceptance_rate() const;
-  // Tokens one verification yields: its accepted drafts plus the target's own token,
-  // (accepted + verifications) / verifications; 0 without verifications.
-  double tokens_per_verification() const;
+// The public Metrics with their JSON and CSV forms (the columns are part of the output format).
+struct SpecMetrics : Metrics {
+  SpecMetrics() = default;
+  SpecMetrics(const Metrics& m) : Metrics(m) {}
 
   // Every field above plus the two derived ratios, under the CSV column names.
   nlohmann::json to_json() const;
@@ -46,7 +31,7 @@ struct SpecMetrics {
 };
 
 // nlohmann's conversion hook, so `nlohmann::json j = metrics;` works.
-void to_json(nlohmann::json& j, const SpecMetrics& m);
+void to_json(nlohmann::json& j, const Metrics& m);
 
 // Timestamps generated tokens as they become accepted (steady_clock) and turns them into the
 // latency fields. Tokens accepted by one verification share its timestamp.

@@ -435,4 +435,10 @@ int32_t Tokenizer::eos() const { return impl_->v.eos; }
 int Tokenizer::n_vocab() const { return int(impl_->v.tokens.size()); }
 const Vocab& Tokenizer::vocab() const { return impl_->v; }
 
+std::vector<int32_t> Tokenizer::encode_prompt(std::string_view text) const {
+  std::vector<int32_t> ids = encode(text, true);
+  if (ids.empty()) ids.push_back(bos() >= 0 ? bos() : 0);
+  return ids;
+}
+
 }  // namespace specmesh

@@ -57,6 +57,9 @@ class Tokenizer {
   // special-token text is plain text; SPM adds the space prefix; BOS/EOS when add_special
   // and the vocabulary asks for them.
   std::vector<int32_t> encode(std::string_view text, bool add_special) const;
+  // A prompt as every generator feeds it: encode(text, true), and never empty (a model needs
+  // one token to start from: BOS, or token 0 for vocabularies without one).
+  std::vector<int32_t> encode_prompt(std::string_view text) const;
 
   // The bytes a token stands for (byte tokens -> the raw byte, U+2581 -> space,
   // byte-level BPE unicode -> bytes; user-defined tokens -> their text; control, unknown and

@@ -15,7 +15,7 @@
 
 #include <caf/actor.hpp>
 
-#include "specmesh/devices/profile.hpp"
+#include "specmesh/profiles.hpp"
 #include "specmesh/messages/protocol.hpp"
 
 namespace specmesh {

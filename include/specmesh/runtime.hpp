@@ -13,8 +13,8 @@
 #include <memory>
 #include <string>
 
-#include "specmesh/actors/head.hpp"
-#include "specmesh/runtime/topology.hpp"
+#include "specmesh/generation.hpp"
+#include "specmesh/topology.hpp"
 
 namespace specmesh {
 
@@ -26,21 +26,26 @@ struct RuntimeOptions {
   std::chrono::milliseconds connect_timeout{10000};
 };
 
+class Tokenizer;  // specmesh/tokenizer/tokenizer.hpp, for in-tree tools
+
 // A generation in progress.
 class Generation {
  public:
-  explicit Generation(SessionPtr s) : session_(std::move(s)), result_(session_->done.get_future()) {}
-  GenerationResult wait() { return result_.get(); }
+  struct State;
+  explicit Generation(std::shared_ptr<State> state);
+  ~Generation();
+  // Blocks until the generation ends; call once.
+  GenerationResult wait();
   // Stops after the token being computed; the result keeps what was accepted.
-  void cancel() { session_->cancel = true; }
+  void cancel();
 
  private:
-  SessionPtr session_;
-  std::future<GenerationResult> result_;
+  std::shared_ptr<State> state_;
 };
 
 class Runtime {
  public:
+  // Starts the topology (a file's, or one built in code: TOML is only one way to fill it).
   explicit Runtime(Topology topology, RuntimeOptions options = {});
   static std::unique_ptr<Runtime> open(const std::string& topology_path, RuntimeOptions options = {});
   ~Runtime();
@@ -67,5 +72,9 @@ class Runtime {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The level of the runtime's log on stderr: "trace", "debug", "info", "warn" (the default for
+// tools), "error", "critical" or "off".
+void set_log_level(const std::string& level);
 
 }  // namespace specmesh

@@ -16,11 +16,14 @@
 #include <algorithm>
 #include <deque>
 
-#include "specmesh/actors/strategy.hpp"
+#include "specmesh/speculation/pipeline_ops.hpp"
+#include "specmesh/speculation/registry.hpp"
 
 namespace specmesh {
 
 namespace {
+
+const char* const kDraftRole = "draft";
 
 struct RunInfo {
   uint64_t id = 0;
@@ -35,8 +38,8 @@ struct RunInfo {
 
 class PipeInfer final : public Strategy {
  public:
-  explicit PipeInfer(HeadCore& c) : c_(c), cut_(c.cfg().spec.p_accept) {
-    for (int s = 1; s <= std::min(kMaxSeqs - 1, 2 * std::max(1, c.cfg().spec.max_runs) + 2); ++s) free_.push_back(s);
+  explicit PipeInfer(StrategyHost& h) : c_(h), cut_(p_accept_) {
+    for (int s = 1; s <= std::min(kMaxSeqs - 1, 2 * max_runs_ + 2); ++s) free_.push_back(s);
   }
 
   void start() override {
@@ -60,7 +63,7 @@ class PipeInfer final : public Strategy {
   }
 
   void on_logits(uint64_t run, const Logits& l) override {
-    if (l.pipeline == c_.cfg().draft.name) return on_draft(run, l);
+    if (l.pipeline == kDraftRole) return on_draft(run, l);
     auto it = std::find_if(inflight_.begin(), inflight_.end(), [&](const RunInfo& r) { return r.id == run; });
     if (it == inflight_.end()) {
       // Not ours any more: a prefill chunk, or a run cancelled too late to stop.
@@ -78,9 +81,8 @@ class PipeInfer final : public Strategy {
   }
 
  private:
-  const PipelineRef& target() const { return c_.cfg().target; }
-  const PipelineRef& draft() const { return c_.cfg().draft; }
-  const SpecParams& sp() const { return c_.cfg().spec; }
+  static const char* target() { return kTargetRole; }
+  static const char* draft() { return kDraftRole; }
   int32_t accepted() const { return int32_t(c_.tokens().size()); }
 
   // Whether the tokens a run assumed (its base and inputs) agree with what is accepted.
@@ -137,7 +139,7 @@ class PipeInfer final : public Strategy {
     for (auto it = inflight_.begin(); it != inflight_.end();) {
       const bool invalid = !consistent(*it);
       const bool superfluous = it->end() < accepted();
-      if (it->speculative && (invalid || superfluous) && sp().cancel) {
+      if (it->speculative && (invalid || superfluous) && cancel_) {
         dropped.push_back(it->id);
         release.push_back({KvOpKind::remove, it->seq, -1, -1, -1});
         free_.push_back(it->seq);
@@ -184,8 +186,8 @@ class PipeInfer final : public Strategy {
       canon_len_ = last + 1;
       rebuild_chain();
     }
-    if (!drafting_ && int(inflight_.size()) < sp().max_runs && !free_.empty() &&
-        int(chain_.size()) - accepted() < sp().max_runs * std::clamp(sp().max_micro_batch, 1, 4))
+    if (!drafting_ && int(inflight_.size()) < max_runs_ && !free_.empty() &&
+        int(chain_.size()) - accepted() < max_runs_ * max_micro_batch_)
       start_draft();
   }
 
@@ -209,13 +211,13 @@ class PipeInfer final : public Strategy {
     if (conf < cutoff() && mb_.empty()) {
       // Speculation would yield nothing and the head would idle: loosen the cutoff and
       // launch this one token anyway.
-      cut_ = std::max(0.0f, cut_ - sp().p_decay);
+      cut_ = std::max(0.0f, cut_ - p_decay_);
     }
     if (conf >= cutoff() || mb_.empty()) {
       const int32_t d = Sampler::argmax(row.data(), V);
       mb_.push_back(d);
       draft_ctx_.push_back(d);
-      if (int(mb_.size()) < std::clamp(sp().max_micro_batch, 1, 4)) return feed_draft();
+      if (int(mb_.size()) < max_micro_batch_) return feed_draft();
     }
     drafting_ = false;
     launch_speculative();
@@ -224,7 +226,7 @@ class PipeInfer final : public Strategy {
 
   // The draft confidence a token needs: the base cutoff plus the recovery factor for every
   // speculative run already launched since the last target result.
-  float cutoff() const { return std::min(0.99f, cut_ + sp().p_recovery * burst_); }
+  float cutoff() const { return std::min(0.99f, cut_ + p_recovery_ * burst_); }
 
   void launch_speculative() {
     if (free_.empty() || draft_ctx_.size() != chain_.size() + mb_.size()) return;
@@ -251,7 +253,13 @@ class PipeInfer final : public Strategy {
     rebuild_chain();
   }
 
-  HeadCore& c_;
+  StrategyHost& c_;
+  const int max_micro_batch_ = c_.params().integer("max_micro_batch");
+  const int max_runs_ = c_.params().integer("max_runs");
+  const float p_accept_ = c_.params().real("p_accept");
+  const float p_recovery_ = c_.params().real("p_recovery");
+  const float p_decay_ = c_.params().real("p_decay");
+  const bool cancel_ = c_.params().flag("cancel");
   std::deque<RunInfo> inflight_;
   std::deque<int> free_;
   std::vector<int32_t> chain_, draft_cached_, draft_ctx_, mb_;
@@ -264,6 +272,27 @@ class PipeInfer final : public Strategy {
 
 }  // namespace
 
-std::unique_ptr<Strategy> make_pipeinfer(HeadCore& core) { return std::make_unique<PipeInfer>(core); }
+StrategyInfo strategy_info_pipeinfer() {
+  StrategyInfo s;
+  s.name = "pipeinfer";
+  s.summary = "PipeInfer: a non-speculative run of the newest accepted token is always in flight; whenever fewer than "
+              "`max_runs` target runs are in flight the draft pipeline proposes a micro-batch of 1-4 tokens, launched "
+              "as a speculative run in its own KV sequence partition (canonical sequence 0 holds accepted tokens); the "
+              "draft's confidence cutoff rises by `p_recovery` for every further speculative run in a burst and falls by "
+              "`p_decay` when speculation would yield nothing, in which case the head launches the one token anyway "
+              "rather than let the pipeline idle; invalid or superfluous runs are cancelled on the priority path and "
+              "stages drop them, between layers if they have started";
+  s.roles = {kTargetRole, kDraftRole};
+  s.params = {
+      {"max_micro_batch", ParamType::Int, 1, 4, 4, "draft tokens per speculative run", {"--micro-batch"}},
+      {"max_runs", ParamType::Int, 1, 30, 4, "target runs in flight", {"--max-runs", "--np"}},
+      {"p_accept", ParamType::Float, 0, 1, 0.5, "base draft confidence cutoff", {"--p-accept", "--pa"}},
+      {"p_recovery", ParamType::Float, 0, 1, 0.05, "cutoff increase per speculative run in a burst", {"--p-recovery", "--pr"}},
+      {"p_decay", ParamType::Float, 0, 1, 0.05, "cutoff decrease when speculation yields nothing", {"--p-decay", "--pd"}},
+      {"cancel", ParamType::Bool, 0, 1, 1, "cancel invalid and superfluous runs early", {"--no-cancel"}},
+  };
+  s.make = [](StrategyHost& h) { return std::make_unique<PipeInfer>(h); };
+  return s;
+}
 
 }  // namespace specmesh

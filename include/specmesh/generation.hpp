@@ -1,0 +1,75 @@
+// What a client asks of specmesh and what it gets back: plain data, no dependencies.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace specmesh {
+
+// How a token is drawn from the target's logits.
+struct SamplingParams {
+  float temperature = 0.0f;  // <= 0: greedy
+  int top_k = 0;             // 0: off
+  float top_p = 1.0f;        // 1: off
+  float min_p = 0.0f;        // 0: off
+  uint64_t seed = 0;
+};
+
+struct GenerationRequest {
+  std::string prompt;
+  int n_predict = 0;                      // 0: the configuration's default
+  std::optional<SamplingParams> sampling; // default: the configuration's
+  bool ignore_eos = false;
+};
+
+struct GenerationStats {
+  int prompt_tokens = 0;
+  int generated_tokens = 0;
+  double ttft_ms = 0;              // start to first generated token (prompt processing included)
+  double decode_tokens_per_s = 0;  // generated tokens after the first, per second
+  double total_ms = 0;
+};
+
+// What a speculative generation measured: latency, throughput, acceptance and how much
+// speculative work was launched, cancelled or thrown away.
+struct Metrics {
+  std::string strategy;
+  std::string target;              // target model name
+  std::string draft;               // draft model name, empty without one
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  double ttft_ms = 0;              // start to the first generated token
+  double mean_itl_ms = 0;          // mean gap between consecutive generated tokens after the first
+  double decode_tokens_per_s = 0;  // generated tokens after the first, per second
+  int64_t drafted = 0;             // draft tokens proposed for verification
+  int64_t accepted = 0;            // draft tokens the target accepted
+  int64_t verifications = 0;       // target runs that verified drafts
+  int64_t runs_launched = 0;       // target runs started
+  int64_t runs_cancelled = 0;      // runs stopped before they finished
+  int64_t runs_wasted = 0;         // runs that finished but whose result was discarded
+
+  // accepted / drafted; 0 when nothing was drafted.
+  double acceptance_rate() const { return drafted > 0 ? double(accepted) / double(drafted) : 0.0; }
+  // Tokens one verification yields: (accepted + verifications) / verifications; 0 without any.
+  double tokens_per_verification() const {
+    return verifications > 0 ? double(accepted + verifications) / double(verifications) : 0.0;
+  }
+};
+
+struct GenerationResult {
+  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> ids;  // accepted tokens, also when generation failed part-way
+  std::string text;
+  GenerationStats stats;
+  Metrics metrics;
+  std::string error;         // empty on success
+  bool ok() const { return error.empty(); }
+};
+
+// Called with each accepted token and its text; returning false stops generation.
+using StreamCallback = std::function<bool(int32_t id, const std::string& piece)>;
+
+}  // namespace specmesh

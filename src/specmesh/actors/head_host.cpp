@@ -1,0 +1,59 @@
+#include "specmesh/actors/head_host.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "specmesh/actors/stage.hpp"
+
+namespace specmesh {
+
+HeadHost::HeadHost(const HeadConfig& cfg, SessionPtr session, uint64_t& next_run)
+    : cfg_(cfg),
+      stream_(session, *cfg.target().model, cfg.n_predict, cfg.metrics_csv),
+      sampler_(session->request.sampling.value_or(cfg.sampling)),
+      next_run_(next_run) {
+  SpecMetrics& m = stream_.metrics();
+  m.strategy = cfg.strategy->name;
+  m.target = cfg.target().model_name;
+  auto draft = cfg.pipelines.find("draft");
+  if (draft != cfg.pipelines.end()) m.draft = draft->second.model_name;
+}
+
+const PipelineRef& HeadHost::pipeline(const std::string& role) const {
+  auto it = cfg_.pipelines.find(role);
+  if (it == cfg_.pipelines.end()) throw std::logic_error("strategy used role '" + role + "', which has no pipeline");
+  return it->second;
+}
+
+uint64_t HeadHost::launch(const std::string& role, const Batch& batch, bool speculative) {
+  const PipelineRef& p = pipeline(role);
+  const uint64_t run = next_run_++;
+  if (!cfg_.router->send(p.first_node, make_envelope(run, to_run_start(p.role, batch, speculative))))
+    throw std::runtime_error("node '" + p.first_node + "' of pipeline '" + p.role + "' is not reachable");
+  if (role == kTargetRole) ++metrics().runs_launched;
+  return run;
+}
+
+void HeadHost::kv_ops(const std::string& role, std::vector<KvOp> ops) {
+  const PipelineRef& p = pipeline(role);
+  KvCacheOp k;
+  k.pipeline = p.role;
+  k.layer = 0;
+  k.ops = std::move(ops);
+  if (!cfg_.router->send(p.first_node, make_envelope(0, std::move(k))))
+    throw std::runtime_error("node '" + p.first_node + "' of pipeline '" + p.role + "' is not reachable");
+}
+
+void HeadHost::cancel(const std::string& role, const std::vector<uint64_t>& runs) {
+  if (runs.empty()) return;
+  const PipelineRef& p = pipeline(role);
+  std::vector<std::string> sent;
+  for (const std::string& n : p.nodes) {
+    if (std::find(sent.begin(), sent.end(), n) != sent.end()) continue;
+    sent.push_back(n);
+    cfg_.router->send(n, make_envelope(0, Cancel{runs}));
+  }
+  if (role == kTargetRole) metrics().runs_cancelled += runs.size();
+}
+
+}  // namespace specmesh

@@ -1,0 +1,70 @@
+#include "specmesh/actors/token_stream.hpp"
+
+#include <spdlog/spdlog.h>
+
+namespace specmesh {
+
+TokenStream::TokenStream(SessionPtr session, const Model& target, int default_n_predict, std::string metrics_csv)
+    : session_(std::move(session)), target_(target), metrics_csv_(std::move(metrics_csv)) {
+  t0_ = t_last_ = Clock::now();
+  const Tokenizer& tok = target.tokenizer();
+  result_.prompt_ids = tok.encode_prompt(session_->request.prompt);
+  result_.stats.prompt_tokens = int(result_.prompt_ids.size());
+  metrics_.prompt_tokens = result_.stats.prompt_tokens;
+  tokens_ = result_.prompt_ids;
+  n_predict_ = session_->request.n_predict > 0 ? session_->request.n_predict : default_n_predict;
+  decoder_ = std::make_unique<StreamDecoder>(tok);
+  for (int32_t t : result_.prompt_ids) decoder_->feed(t);
+}
+
+bool TokenStream::accept(int32_t token) {
+  if (done_) return false;
+  const auto now = Clock::now();
+  const double since_start = std::chrono::duration<double, std::milli>(now - t0_).count();
+  if (!session_->request.ignore_eos && target_.stops_at(token)) {
+    if (result_.ids.empty()) result_.stats.ttft_ms = since_start;
+    finish();
+    return false;
+  }
+  if (result_.ids.empty()) result_.stats.ttft_ms = since_start;
+  else itl_sum_ms_ += std::chrono::duration<double, std::milli>(now - t_last_).count();
+  t_last_ = now;
+  tokens_.push_back(token);
+  result_.ids.push_back(token);
+  ++result_.stats.generated_tokens;
+  std::string piece = decoder_->feed(token);
+  result_.text += piece;
+  bool more = !session_->cancel.load();
+  if (session_->on_token && !session_->on_token(token, piece)) more = false;
+  if (!more || int(result_.ids.size()) >= n_predict_) {
+    finish();
+    return false;
+  }
+  return true;
+}
+
+void TokenStream::finish(std::string error) {
+  if (done_) return;
+  done_ = true;
+  result_.text += decoder_->flush();
+  result_.error = std::move(error);
+  GenerationStats& st = result_.stats;
+  st.total_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0_).count();
+  if (st.generated_tokens > 1) st.decode_tokens_per_s = (st.generated_tokens - 1) / (itl_sum_ms_ / 1000.0);
+  metrics_.generated_tokens = st.generated_tokens;
+  metrics_.ttft_ms = st.ttft_ms;
+  metrics_.decode_tokens_per_s = st.decode_tokens_per_s;
+  metrics_.mean_itl_ms = st.generated_tokens > 1 ? itl_sum_ms_ / (st.generated_tokens - 1) : 0;
+  if (!result_.ok()) spdlog::error("generation failed after {} tokens: {}", result_.ids.size(), result_.error);
+  if (!metrics_csv_.empty() && session_->record_metrics) {
+    try {
+      metrics_.append_csv(metrics_csv_);
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+    }
+  }
+  result_.metrics = metrics_;
+  session_->done.set_value(std::move(result_));
+}
+
+}  // namespace specmesh

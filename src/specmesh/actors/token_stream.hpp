@@ -1,0 +1,49 @@
+// The client's side of a session: accepted tokens become streamed text, stop rules end the
+// generation, and timings become the result's statistics and metrics.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "specmesh/actors/head.hpp"
+#include "specmesh/speculation/metrics.hpp"
+#include "specmesh/tokenizer/tokenizer.hpp"
+
+namespace specmesh {
+
+class TokenStream {
+ public:
+  // Encodes the prompt; the decoder sees it first so the continuation's spacing and UTF-8
+  // come out right.
+  TokenStream(SessionPtr session, const Model& target, int default_n_predict, std::string metrics_csv);
+
+  const std::vector<int32_t>& prompt() const { return result_.prompt_ids; }
+  const std::vector<int32_t>& tokens() const { return tokens_; }  // prompt + accepted
+  SpecMetrics& metrics() { return metrics_; }
+  bool done() const { return done_; }
+
+  // Appends and streams a token; false once generation is over (limit, stop token, client
+  // stop), after which nothing more is accepted.
+  bool accept(int32_t token);
+  // Ends the session and hands the result to the client (error empty: success); appends the
+  // metrics row to metrics_csv when set.
+  void finish(std::string error = {});
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  SessionPtr session_;
+  const Model& target_;
+  std::string metrics_csv_;
+  GenerationResult result_;
+  SpecMetrics metrics_;
+  std::unique_ptr<StreamDecoder> decoder_;
+  std::vector<int32_t> tokens_;
+  int n_predict_ = 0;
+  bool done_ = false;
+  Clock::time_point t0_, t_last_;
+  double itl_sum_ms_ = 0;
+};
+
+}  // namespace specmesh

@@ -1,0 +1,60 @@
+#include "specmesh/cli/params.hpp"
+
+#include <stdexcept>
+
+#include "specmesh/speculation/registry.hpp"
+
+namespace specmesh {
+
+namespace {
+const ParamSpec& spec_of(const std::string& name) {
+  static const std::vector<ParamSpec> all = all_params();
+  for (const ParamSpec& p : all)
+    if (p.name == name) return p;
+  std::string known;
+  for (const ParamSpec& p : all) known += (known.empty() ? "" : ", ") + p.name;
+  throw std::invalid_argument("--param " + name + ": no strategy has this parameter (" + known + ")");
+}
+}  // namespace
+
+void ParamOptions::add_to(CLI::App& cmd) {
+  cmd.add_option("--param", pairs_, "strategy parameter KEY=VALUE (repeatable; `specmesh strategies` lists them)");
+  for (const ParamSpec& p : all_params()) {
+    if (p.flags.empty()) continue;
+    std::string names;
+    for (const auto& f : p.flags) names += (names.empty() ? "" : ",") + f;
+    first_flag_[p.name] = p.flags.front();
+    if (p.type == ParamType::Bool) {
+      auto seen = std::make_shared<bool>(false);
+      switched_[p.name] = seen;
+      cmd.add_flag(names, *seen, p.help + " (sets " + p.name + " = " + format_value(p, p.fallback != 0 ? 0 : 1) + ")");
+    } else {
+      auto v = std::make_shared<std::string>();
+      aliased_[p.name] = v;
+      cmd.add_option(names, *v, p.help + " (parameter " + describe(p) + ")");
+    }
+  }
+}
+
+std::map<std::string, double> ParamOptions::values(const CLI::App& cmd) const {
+  std::map<std::string, double> out;
+  auto put = [&](const std::string& key, const std::string& text, const std::string& where) {
+    const ParamSpec& spec = spec_of(key);
+    std::string why;
+    auto v = parse_param(spec, text, &why);
+    if (!v) throw std::invalid_argument(where + ": " + describe(spec) + ": " + why);
+    out[key] = *v;
+  };
+  for (const auto& [name, v] : aliased_)
+    if (cmd.count(first_flag_.at(name)) > 0) put(name, *v, first_flag_.at(name));
+  for (const auto& [name, seen] : switched_)
+    if (*seen) out[name] = spec_of(name).fallback != 0 ? 0 : 1;
+  for (const std::string& kv : pairs_) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) throw std::invalid_argument("--param " + kv + ": expected KEY=VALUE");
+    put(kv.substr(0, eq), kv.substr(eq + 1), "--param " + kv);
+  }
+  return out;
+}
+
+}  // namespace specmesh

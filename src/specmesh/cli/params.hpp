@@ -1,0 +1,30 @@
+// Strategy parameters on a command line: `--param key=value` (repeatable) for any registered
+// parameter, and each parameter's classic flags (`--n-draft 4`, `--pa 0.3`, `--no-cancel`) as
+// aliases, all taken from the strategy registry's schemas.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace specmesh {
+
+class ParamOptions {
+ public:
+  // Adds --param and every parameter's flags to `cmd`.
+  void add_to(CLI::App& cmd);
+  // The parameters given, as numbers; throws std::invalid_argument naming a malformed or
+  // unknown one (unknown to every strategy; the chosen strategy checks its own set later).
+  std::map<std::string, double> values(const CLI::App& cmd) const;
+
+ private:
+  std::vector<std::string> pairs_;                                   // --param key=value
+  std::map<std::string, std::shared_ptr<std::string>> aliased_;     // parameter -> flag value
+  std::map<std::string, std::shared_ptr<bool>> switched_;           // boolean parameter -> flag seen
+  std::map<std::string, std::string> first_flag_;                   // parameter -> its first flag
+};
+
+}  // namespace specmesh

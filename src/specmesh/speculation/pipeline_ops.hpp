@@ -1,0 +1,27 @@
+// Helpers every strategy uses on a role's pipeline: keeping its canonical sequence in step
+// with the accepted tokens, feeding tokens in batches, and reading a run's logits.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "specmesh/speculation/strategy.hpp"
+
+namespace specmesh {
+
+// A pipeline's sequence 0 is tracked by the strategy as `cached`, the tokens its cache holds.
+// sync_cache drops what diverged from `want` (and the last wanted token, whose logits the
+// caller needs) with a cache operation, and returns the tokens still to feed.
+std::vector<int32_t> sync_cache(StrategyHost& host, const std::string& role, std::vector<int32_t>& cached,
+                                const std::vector<int32_t>& want);
+// Feeds `toks` after `cached` into sequence 0, in chunks of n_batch, with logits for the last
+// `tail` of them; returns the id of the last run.
+uint64_t feed(StrategyHost& host, const std::string& role, std::vector<int32_t>& cached,
+              const std::vector<int32_t>& toks, size_t tail);
+// The logits of a run, checked to hold `want_rows` rows of n_vocab.
+std::vector<float> rows_of(const Logits& l, size_t want_rows, int n_vocab, uint64_t run);
+// Softmax probability of the most likely token: the draft's confidence.
+float top_probability(const float* logits, int n_vocab);
+
+}  // namespace specmesh

@@ -1,0 +1,51 @@
+// The strategy registry: every decoding strategy with its name, the pipeline roles it needs
+// and its parameter schema. The topology parser, the CLI, `specmesh strategies` and the
+// README's table are all derived from it, so a new strategy is one file plus one line in
+// strategies.def.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "specmesh/speculation/params.hpp"
+#include "specmesh/speculation/strategy.hpp"
+
+namespace specmesh {
+
+struct StrategyInfo {
+  std::string name;
+  std::string summary;                // one line: what the head does
+  std::vector<std::string> roles;     // pipelines it needs, "target" first
+  std::vector<ParamSpec> params;
+  // Chosen when no strategy is named: the default using the most of the roles present.
+  bool default_for_roles = false;
+  std::function<std::unique_ptr<Strategy>(StrategyHost&)> make;
+
+  const ParamSpec* param(const std::string& key) const;
+  // Defaults for everything not given; throws std::invalid_argument naming an unknown key
+  // or a value out of its range.
+  StrategyParams resolve(const std::map<std::string, double>& given) const;
+};
+
+// Every registered strategy, in registration order.
+const std::vector<StrategyInfo>& strategies();
+const StrategyInfo* find_strategy(const std::string& name);
+// Throws std::invalid_argument listing the registered names.
+const StrategyInfo& strategy(const std::string& name);
+// The strategy to use when none is named, for a setup with these pipeline roles.
+const StrategyInfo& default_strategy(const std::set<std::string>& roles);
+// "ar, spec, pipeinfer"
+std::string strategy_names();
+// Every parameter of every strategy, once per name (strategies may share one, e.g. p_accept).
+std::vector<ParamSpec> all_params();
+
+// The README's table of strategies, roles and parameters (Markdown).
+std::string strategies_markdown();
+// A plain-text listing for `specmesh strategies`.
+std::string strategies_text();
+
+}  // namespace specmesh

@@ -1,0 +1,65 @@
+// What a decoding strategy sees of the head: the StrategyHost. A strategy launches runs into
+// the pipelines of named roles ("target", "draft", ...), changes their KV caches, cancels runs,
+// samples, and accepts tokens; the head actor implements the host over real pipelines, and the
+// tests implement it over scripted logits (no actors, sockets or threads), so every strategy is
+// tested deterministically at the message level.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "specmesh/messages/protocol.hpp"
+#include "specmesh/model/batch.hpp"
+#include "specmesh/model/sampler.hpp"
+#include "specmesh/speculation/metrics.hpp"
+#include "specmesh/speculation/params.hpp"
+
+namespace specmesh {
+
+// The pipeline every strategy generates with.
+inline constexpr const char* kTargetRole = "target";
+
+class StrategyHost {
+ public:
+  virtual ~StrategyHost() = default;
+
+  // Sends a batch into a role's pipeline as a new run; returns its id (never reused). Logits
+  // come back through Strategy::on_logits, in launch order per pipeline.
+  virtual uint64_t launch(const std::string& role, const Batch& batch, bool speculative) = 0;
+  // KV-cache operations on a role's pipeline, applied in order with its runs.
+  virtual void kv_ops(const std::string& role, std::vector<KvOp> ops) = 0;
+  // Tells every stage of a role's pipeline to drop these runs (priority path).
+  virtual void cancel(const std::string& role, const std::vector<uint64_t>& runs) = 0;
+
+  // Appends an accepted token and streams it; false once generation is over (limit, stop
+  // token, client stop), after which the strategy must accept nothing more.
+  virtual bool accept(int32_t token) = 0;
+  // Ends the session (error empty: success).
+  virtual void finish(std::string error = {}) = 0;
+  virtual bool done() const = 0;
+
+  virtual Sampler& sampler() = 0;
+  virtual SpecMetrics& metrics() = 0;
+  // The encoded prompt, and the prompt plus the accepted tokens (the canonical sequence).
+  virtual const std::vector<int32_t>& prompt() const = 0;
+  virtual const std::vector<int32_t>& tokens() const = 0;
+
+  virtual int vocab() const = 0;
+  virtual int n_batch() const = 0;              // most tokens one run may carry
+  virtual const StrategyParams& params() const = 0;
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  virtual void start() = 0;
+  // The logits of a run (Logits::pipeline names the role it was launched into).
+  virtual void on_logits(uint64_t run, const Logits& logits) = 0;
+  // The session is over: drop whatever is still in flight so the next one does not queue
+  // behind it.
+  virtual void abandon() {}
+};
+
+}  // namespace specmesh
