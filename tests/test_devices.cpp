@@ -20,10 +20,12 @@
 #include "specmesh/transport/router.hpp"
 #include "specmesh/devices/device.hpp"
 #include "specmesh/model/context.hpp"
+#include "actor_harness.hpp"
 #include "refdata.hpp"
 
 using namespace specmesh;
 using specmesh::test::refdata;
+using specmesh::test::System;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
@@ -33,15 +35,6 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 // Upper-bound slack for a shared, loaded 2-core machine; lower bounds are exact.
 constexpr double kSlack = 0.5;
-
-struct System {
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  System() {
-    configure_low_latency_scheduler(cfg);
-    sys = std::make_unique<caf::actor_system>(cfg);
-  }
-};
 
 }  // namespace
 

@@ -3,7 +3,7 @@
 // data, and peer-down reporting for dead, frozen and unreachable peers.
 #include "specmesh/transport/gateway.hpp"
 
-#include "ports.hpp"
+#include "actor_harness.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -31,45 +31,7 @@ namespace specmesh {
 namespace {
 
 using namespace std::chrono_literals;
-
-constexpr auto kWait = 5s;  // upper bound for anything that should take milliseconds
-
-struct System {
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  System() {
-    configure_low_latency_scheduler(cfg);
-    sys = std::make_unique<caf::actor_system>(cfg);
-  }
-};
-
-std::string unique_tag() {
-  static std::atomic<int> n{0};
-  return std::to_string(::getpid()) + "-" + std::to_string(n++);
-}
-
-// ZeroMQ leaves ipc socket files behind; remove ours when the test program ends.
-struct IpcCleanup : ::testing::Environment {
-  std::mutex mu;
-  std::vector<std::string> paths;
-  void TearDown() override {
-    std::lock_guard<std::mutex> g(mu);
-    for (auto& p : paths) {
-      ::unlink(p.c_str());
-      ::unlink((p + ".ctl").c_str());
-    }
-  }
-};
-IpcCleanup* const ipc_cleanup = static_cast<IpcCleanup*>(::testing::AddGlobalTestEnvironment(new IpcCleanup));
-
-std::string ipc_ep() {
-  std::string path = "/tmp/specmesh-gwtest-" + unique_tag();
-  std::lock_guard<std::mutex> g(ipc_cleanup->mu);
-  ipc_cleanup->paths.push_back(path);
-  return "ipc://" + path;
-}
-
-using test::free_port_pair;
+using namespace test;
 
 bool has_ipv6_loopback() {
   int s = ::socket(AF_INET6, SOCK_STREAM, 0);
@@ -82,12 +44,6 @@ bool has_ipv6_loopback() {
   return ok;
 }
 
-std::string endpoint_for(const std::string& transport) {
-  if (transport == "inproc") return "inproc://gwtest-" + unique_tag();
-  if (transport == "ipc") return ipc_ep();
-  return "tcp://127.0.0.1:" + std::to_string(free_port_pair());
-}
-
 GatewayConfig config(std::string node, std::string bind, std::map<std::string, std::string> peers) {
   GatewayConfig c;
   c.node = std::move(node);
@@ -98,35 +54,6 @@ GatewayConfig config(std::string node, std::string bind, std::map<std::string, s
   c.linger = 0ms;
   return c;
 }
-
-template <class Pred>
-bool wait_until(Pred&& p, std::chrono::milliseconds timeout = kWait) {
-  auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    if (p()) return true;
-    std::this_thread::sleep_for(2ms);
-  }
-  return p();
-}
-
-// A blocking CAF actor to subscribe with; next() waits for one delivered message.
-// CAF 0.17.6's blocking receive() may run the handler for several messages in one call when
-// high-priority messages are pending, so handled messages are buffered.
-struct Inbox {
-  caf::scoped_actor self;
-  std::deque<std::pair<std::string, Envelope>> buffered;
-  explicit Inbox(caf::actor_system& sys) : self(sys) {}
-  caf::actor handle() { return caf::actor_cast<caf::actor>(self); }
-  std::optional<std::pair<std::string, Envelope>> next(std::chrono::milliseconds timeout = kWait) {
-    if (buffered.empty())
-      self->receive([&](const std::string& from, const Envelope& e) { buffered.emplace_back(from, e); },
-                    caf::after(timeout) >> [] {});
-    if (buffered.empty()) return std::nullopt;
-    auto out = std::move(buffered.front());
-    buffered.pop_front();
-    return out;
-  }
-};
 
 // Routes spdlog's default logger into a ring buffer for the lifetime of the object.
 struct LogCapture {

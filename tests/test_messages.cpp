@@ -53,6 +53,8 @@ std::vector<Envelope> samples() {
   out.push_back(make_envelope(0, Heartbeat{123456789}));
   out.push_back(make_envelope(11, Error{ErrorCode::out_of_memory, "stage2", "KV cache full"}));
   out.push_back(make_envelope(12, Error{ErrorCode::messages_lost, "", ""}));
+  out.push_back(make_envelope(13, HiddenStates{"target", 3, {0, 1, 2}, {17, 18, 18}, iota_tensor({3, 16})}));
+  out.push_back(make_envelope(14, HiddenStates{"target", 0, {}, {}, iota_tensor({0, 16})}));
   for (std::size_t i = 0; i < out.size(); ++i) {
     out[i].seq = 1000 + i;
     out[i].session = 0xfeedfacecafebeefull;
@@ -77,6 +79,30 @@ TEST(Messages, ControlTypesAreClassified) {
   EXPECT_TRUE(is_control(MsgType::error));
   EXPECT_FALSE(is_control(MsgType::activations));
   EXPECT_FALSE(is_control(MsgType::run_start));
+  EXPECT_FALSE(is_control(MsgType::hidden_states)) << "hidden states are tensors: the data channel";
+}
+
+TEST(Messages, WireValuesAreAppendedNeverRenumbered) {
+  EXPECT_EQ(uint8_t(MsgType::run_start), 1);
+  EXPECT_EQ(uint8_t(MsgType::error), 7);
+  EXPECT_EQ(uint8_t(MsgType::hidden_states), 8);
+  EXPECT_EQ(kMsgTypeMax, uint8_t(MsgType::hidden_states));
+  EXPECT_STREQ(to_string(MsgType::hidden_states), "hidden_states");
+}
+
+TEST(Messages, HiddenStatesTravelAsF32OrF16Frames) {
+  std::vector<uint16_t> halves(2 * 8);
+  for (std::size_t i = 0; i < halves.size(); ++i) halves[i] = uint16_t(0x3c00 + i);
+  for (Tensor t : {iota_tensor({2, 8}), Tensor::from(WireDType::f16, {2, 8}, halves)}) {
+    SCOPED_TRACE(to_string(t.dtype));
+    auto env = make_envelope(21, HiddenStates{"draft", 5, {1, 3}, {40, 42}, t});
+    auto w = encode_env(env);
+    ASSERT_EQ(w.blobs.size(), 1u);
+    EXPECT_EQ(w.blobs[0].data(), t.data.data()) << "encode must reference, not copy, the states";
+    auto r = decode_wire(w);
+    ASSERT_TRUE(r.ok()) << r.detail;
+    EXPECT_EQ(r.envelope, env);
+  }
 }
 
 TEST(Messages, TensorsTravelAsFramesWithoutCopy) {
@@ -282,6 +308,50 @@ TEST(Messages, InconsistentTensorFramesAreRejected) {
   EXPECT_EQ(decode_bytes(overflow, {Blob()}).error, DecodeError::bad_tensor);
 }
 
+// Builds a hidden_states header; each argument can be bent into something hostile.
+std::string hidden_states_header(int64_t layer, std::vector<int64_t> rows, std::vector<int64_t> positions,
+                                 WireDType dtype, std::vector<int64_t> shape, uint64_t nbytes) {
+  return header_with(uint64_t(MsgType::hidden_states), [&](auto& pk) {
+    pk.pack_array(5);
+    pk.pack(std::string("target"));
+    pk.pack(layer);
+    pk.pack(rows);
+    pk.pack(positions);
+    pk.pack_array(3);
+    pk.pack(uint8_t(dtype));
+    pk.pack(shape);
+    pk.pack(nbytes);
+  });
+}
+
+TEST(Messages, InconsistentHiddenStatesAreRejected) {
+  auto frame = [](std::size_t n) { return std::vector<Blob>{Blob::adopt(std::vector<char>(n))}; };
+  auto check = [&](const std::string& h, std::size_t bytes, DecodeError want, const char* what) {
+    auto r = decode_bytes(h, frame(bytes));
+    EXPECT_EQ(r.error, want) << what << ": " << r.detail;
+  };
+  check(hidden_states_header(2, {0, 1}, {5, 6}, WireDType::f32, {2, 4}, 32), 32, DecodeError::none, "valid");
+  check(hidden_states_header(-1, {0, 1}, {5, 6}, WireDType::f32, {2, 4}, 32), 32, DecodeError::malformed,
+        "negative layer");
+  check(hidden_states_header(int64_t{1} << 31, {0}, {5}, WireDType::f32, {1, 4}, 16), 16, DecodeError::malformed,
+        "layer beyond int32");
+  check(hidden_states_header(2, {0, -1}, {5, 6}, WireDType::f32, {2, 4}, 32), 32, DecodeError::malformed,
+        "negative row");
+  check(hidden_states_header(2, {0, 1}, {5}, WireDType::f32, {2, 4}, 32), 32, DecodeError::malformed,
+        "rows and positions differ");
+  check(hidden_states_header(2, {0, 1}, {5, 6}, WireDType::f32, {3, 4}, 48), 48, DecodeError::bad_tensor,
+        "more tensor rows than rows");
+  check(hidden_states_header(2, {0, 1}, {5, 6}, WireDType::f32, {8}, 32), 32, DecodeError::bad_tensor, "rank 1");
+  check(hidden_states_header(2, {0, 1}, {5, 6}, WireDType::f32, {2, 2, 2}, 32), 32, DecodeError::bad_tensor,
+        "rank 3");
+  check(hidden_states_header(2, {0, 1}, {5, 6}, WireDType::i32, {2, 4}, 32), 32, DecodeError::bad_tensor,
+        "integer states");
+  check(hidden_states_header(2, {0, 1}, {5, 6}, WireDType::f32, {2, 4}, 32), 31, DecodeError::bad_tensor,
+        "short frame");
+  check(hidden_states_header(2, {0, 1}, {5, 6}, WireDType::f16, {2, int64_t{1} << 62}, 0), 0, DecodeError::bad_tensor,
+        "byte count wraps around");
+}
+
 // Runs in a death-test child: caps the address space 256 MiB above the current size, then
 // returns how many inputs were not rejected as truncated (an allocation failure would show up
 // as malformed instead).
@@ -308,6 +378,8 @@ TEST(Messages, HostileLengthPrefixesDoNotAllocate) {
       std::string("\xc9\xff\xff\xff\xff", 5),  // ext32
       // Valid envelope prefix whose payload announces a huge token array.
       std::string("\x96\x01\x01\x01\x00\x00\x94\xdd\xff\xff\xff\xff", 12),
+      // Hidden states whose rows announce 4 billion entries.
+      std::string("\x96\x01\x08\x01\x00\x00\x95\xa0\x00\xdd\xff\xff\xff\xff", 14),
   };
   // _exit: the forked child must not run static destructors (e.g. a ZeroMQ context whose
   // threads were not forked).

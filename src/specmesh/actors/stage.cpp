@@ -1,5 +1,6 @@
 #include "specmesh/actors/stage.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 #include <caf/actor_system.hpp>
@@ -8,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "specmesh/devices/device.hpp"
+#include "specmesh/kernels/quant.hpp"
 
 namespace specmesh {
 
@@ -50,6 +52,30 @@ void report_error(const StageConfig& cfg, uint64_t run, const std::string& what)
   spdlog::error("stage {}[{},{}) on {}: run {}: {}", cfg.pipeline, cfg.context.layer_begin, cfg.context.layer_end,
                 cfg.self_node, run, what);
   cfg.router->send(cfg.head_node, make_envelope(run, Error{ErrorCode::invalid_request, cfg.self_node, what}));
+}
+
+// Sends the tapped layers this pass computed (captured[i] is tap_layers[i], empty when that
+// layer belongs to another stage) to the tap node.
+void send_taps(const StageConfig& cfg, uint64_t run, const RunStart& meta, ForwardOutput& out, int64_t n_embd) {
+  for (size_t i = 0; i < out.captured.size(); ++i) {
+    std::vector<float>& states = out.captured[i];
+    if (states.empty()) continue;
+    HiddenStates h;
+    h.pipeline = cfg.pipeline;
+    h.layer = cfg.tap_layers[i];
+    h.positions = meta.positions;
+    h.rows.resize(meta.positions.size());
+    for (size_t r = 0; r < h.rows.size(); ++r) h.rows[r] = int32_t(r);
+    const std::vector<int64_t> shape{int64_t(h.rows.size()), n_embd};
+    if (cfg.tap_dtype == WireDType::f16) {
+      std::vector<uint16_t> half(states.size());
+      quantize_row(DType::F16, states.data(), half.data(), states.size());
+      h.states = Tensor::from(WireDType::f16, shape, std::move(half));
+    } else {
+      h.states = Tensor::from(WireDType::f32, shape, std::move(states));
+    }
+    cfg.router->send(cfg.tap_node, make_envelope(run, std::move(h)));
+  }
 }
 
 // Queues the forward pass of one run on the device; the job sends the result on itself.
@@ -95,6 +121,9 @@ void schedule_forward(StageState& st, uint64_t run, RunStart meta, std::optional
       cfg.device_state->pace(t0, modelled);
       stats->layers_computed += layers_done;
       ++stats->runs;
+      const int64_t n_embd = ctx->model().hparams().n_embd;
+      // Taps leave first: on a shared link the receiver then has them before the run's logits.
+      send_taps(cfg, run, meta, out, n_embd);
       if (ctx->has_head()) {
         const int64_t n_vocab = ctx->model().hparams().n_vocab;
         Logits l;
@@ -106,7 +135,6 @@ void schedule_forward(StageState& st, uint64_t run, RunStart meta, std::optional
         Activations a;
         a.pipeline = cfg.pipeline;
         a.layer = ctx->layer_end();
-        const int64_t n_embd = ctx->model().hparams().n_embd;
         a.tensors.push_back(Tensor::from(WireDType::f32, {int64_t(batch.size()), n_embd}, std::move(out.hidden)));
         a.batch = std::move(meta);
         cfg.router->send(cfg.next_node, make_envelope(run, std::move(a)));
@@ -152,6 +180,19 @@ void schedule_kv_ops(StageState& st, uint64_t run, KvCacheOp ops) {
 }  // namespace
 
 caf::actor spawn_stage(caf::actor_system& sys, StageConfig cfg, std::shared_ptr<StageStats> stats) {
+  const int n_layer = cfg.model->hparams().n_layer;
+  for (int l : cfg.tap_layers)
+    if (l < 0 || l >= n_layer)
+      throw std::invalid_argument("tap layer " + std::to_string(l) + " is outside the model's " +
+                                  std::to_string(n_layer) + " layers");
+  if (!cfg.tap_layers.empty() && cfg.tap_node.empty())
+    throw std::invalid_argument("hidden-state taps need a tap_node to send them to");
+  if (cfg.tap_dtype != WireDType::f32 && cfg.tap_dtype != WireDType::f16)
+    throw std::invalid_argument(std::string("tap_dtype ") + to_string(cfg.tap_dtype) + ": expected f32 or f16");
+  std::sort(cfg.tap_layers.begin(), cfg.tap_layers.end());
+  cfg.tap_layers.erase(std::unique(cfg.tap_layers.begin(), cfg.tap_layers.end()), cfg.tap_layers.end());
+  // The context keeps only the taps inside its own range; the others stay empty in captured.
+  cfg.context.capture_layers = cfg.tap_layers;
   return sys.spawn([cfg = std::move(cfg), stats](caf::stateful_actor<StageState>* self) -> caf::behavior {
     auto& st = self->state;
     st.cfg = cfg;

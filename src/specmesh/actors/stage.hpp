@@ -1,6 +1,7 @@
 // A pipeline stage: a layer range of one model on one device, with its share of the KV cache.
 // It turns run starts (first stage) or activations into device jobs, in arrival order, and
-// sends the result on: activations to the next stage, logits to the head.
+// sends the result on: activations to the next stage, logits to the head, and when asked the
+// hidden states after chosen layers to whichever node consumes them.
 #pragma once
 
 #include <deque>
@@ -52,7 +53,15 @@ struct StageConfig {
   std::string next_node;            // node of the next stage, or the head node after the last
   std::string head_node;            // where logits and errors go
   std::shared_ptr<const Model> model;
-  ContextParams context;            // layer range and KV size
+  ContextParams context;            // layer range and KV size (capture_layers comes from tap_layers)
+  // Hidden-state taps: absolute layer indices. After a forward pass that computed one of
+  // them, this stage sends one HiddenStates per such layer (ascending, every batch row) to
+  // tap_node before it sends the run's activations or logits on. Taps of layers outside this
+  // stage's range belong to the stage that computes them, so every stage of a pipeline can be
+  // given the same list. Empty: nothing is captured or sent.
+  std::vector<int> tap_layers;
+  std::string tap_node;
+  WireDType tap_dtype = WireDType::f32;  // f32 (exact) or f16 (half the bytes, rounded)
   caf::actor device;                // device actor that runs the jobs
   std::shared_ptr<class Device> device_state;
   std::shared_ptr<Router> router;
@@ -66,7 +75,8 @@ struct StageStats {
 };
 
 // The stage actor takes (const std::string& from, const Envelope&) messages carrying
-// RunStart, Activations, KvCacheOp or Cancel.
+// RunStart, Activations, KvCacheOp or Cancel. Throws std::invalid_argument for taps of layers
+// the model does not have, taps without a tap_node, or a tap_dtype other than f32 or f16.
 caf::actor spawn_stage(caf::actor_system& sys, StageConfig cfg, std::shared_ptr<StageStats> stats);
 
 // Conversions between the wire batch and the model's batch.

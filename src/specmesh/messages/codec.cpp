@@ -18,6 +18,7 @@ const char* to_string(MsgType t) {
     case MsgType::cancel: return "cancel";
     case MsgType::heartbeat: return "heartbeat";
     case MsgType::error: return "error";
+    case MsgType::hidden_states: return "hidden_states";
   }
   return "unknown";
 }
@@ -158,6 +159,14 @@ struct Encoder {
     pk.pack(m.peer);
     pk.pack(m.message);
   }
+  void operator()(const HiddenStates& m) {
+    pk.pack_array(5);
+    pk.pack(m.pipeline);
+    pk.pack_int32(m.layer);
+    ints(m.rows);
+    ints(m.positions);
+    tensor(m.states);
+  }
 };
 
 // --- decoding -----------------------------------------------------------------------------
@@ -282,6 +291,28 @@ struct Decoder {
     return m;
   }
 
+  // Receivers index the batch with rows and read rows x n_embd floats, so everything that
+  // would send them out of bounds is rejected here rather than trusted.
+  HiddenStates hidden_states(const msgpack::object& o) {
+    const auto& a = array(o, 5, "hidden_states");
+    HiddenStates m;
+    m.pipeline = str(a.ptr[0], "pipeline");
+    m.layer = int32_t(i64(a.ptr[1], 0, std::numeric_limits<int32_t>::max(), "layer"));
+    m.rows = ints(a.ptr[2], "rows");
+    for (int32_t r : m.rows)
+      if (r < 0) fail(DecodeError::malformed, "hidden_states: negative row " + std::to_string(r));
+    m.positions = ints(a.ptr[3], "positions");
+    if (m.positions.size() != m.rows.size())
+      fail(DecodeError::malformed, "hidden_states: rows and positions differ in length");
+    m.states = tensor(a.ptr[4]);
+    if (m.states.dtype != WireDType::f32 && m.states.dtype != WireDType::f16)
+      fail(DecodeError::bad_tensor, std::string("hidden_states: dtype ") + to_string(m.states.dtype) +
+                                        ", expected f32 or f16");
+    if (m.states.shape.size() != 2 || m.states.shape[0] != int64_t(m.rows.size()))
+      fail(DecodeError::bad_tensor, "hidden_states: tensor is not rows x n_embd");
+    return m;
+  }
+
   Payload payload(MsgType type, const msgpack::object& o) {
     switch (type) {
       case MsgType::run_start: return run_start(o);
@@ -342,6 +373,7 @@ struct Decoder {
         m.message = str(a.ptr[2], "error message");
         return m;
       }
+      case MsgType::hidden_states: return hidden_states(o);
     }
     fail(DecodeError::unknown_type, "unknown message type");
   }

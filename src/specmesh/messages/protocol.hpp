@@ -38,9 +38,10 @@ enum class MsgType : uint8_t {
   cancel = 5,
   heartbeat = 6,
   error = 7,
+  hidden_states = 8,
 };
 inline constexpr uint8_t kMsgTypeMin = 1;
-inline constexpr uint8_t kMsgTypeMax = 7;
+inline constexpr uint8_t kMsgTypeMax = 8;
 
 // Control messages travel on their own socket so they overtake queued tensors.
 constexpr bool is_control(MsgType t) {
@@ -175,6 +176,20 @@ struct Logits {
   friend bool operator==(const Logits&, const Logits&) = default;
 };
 
+// Residual-stream hidden states after one layer, for actors that consume a model's internal
+// states rather than its logits (a block drafter conditioned on target layers, devices that
+// exchange attention outputs). Row i of `states` is batch index rows[i], the token at
+// positions[i]: positions alone are ambiguous in trees and multi-sequence batches, rows alone
+// mean nothing to a receiver that did not see the batch. `states` is rows x n_embd, f32 or f16.
+struct HiddenStates {
+  std::string pipeline;
+  int32_t layer = 0;  // absolute index of the layer the states are taken after
+  std::vector<int32_t> rows;
+  std::vector<int32_t> positions;
+  Tensor states;
+  friend bool operator==(const HiddenStates&, const HiddenStates&) = default;
+};
+
 // KV-cache edits with llama.cpp semantics over position ranges [pos_begin, pos_end);
 // a negative bound means open-ended. dst_seq is used by copy only.
 enum class KvOpKind : uint8_t { copy = 0, remove = 1, keep = 2 };
@@ -221,7 +236,7 @@ struct Error {
 };
 
 // Alternative index + 1 == MsgType wire value.
-using Payload = std::variant<RunStart, Activations, Logits, KvCacheOp, Cancel, Heartbeat, Error>;
+using Payload = std::variant<RunStart, Activations, Logits, KvCacheOp, Cancel, Heartbeat, Error, HiddenStates>;
 static_assert(std::variant_size_v<Payload> == kMsgTypeMax);
 
 struct Envelope {
@@ -258,7 +273,7 @@ enum class DecodeError : uint8_t {
   wrong_version,
   unknown_type,    // message type outside the known range
   bad_enum,        // dtype / kv op / error code outside its range
-  bad_tensor,      // shape, byte size or frame count inconsistent
+  bad_tensor,      // shape, dtype, byte size or frame count inconsistent
 };
 inline constexpr uint8_t kDecodeErrorMax = 8;
 const char* to_string(DecodeError e);

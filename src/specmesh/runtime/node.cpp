@@ -124,6 +124,7 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
     // gateway thread saves a thread wake-up per token.
     gateway_->subscribe(MsgType::logits, head_, Delivery::inline_io);
     gateway_->subscribe(MsgType::error, head_, Delivery::inline_io);
+    gateway_->subscribe(MsgType::hidden_states, head_, Delivery::inline_io);
   }
   dispatcher_ = spawn_dispatcher(sys, node, routes, head_);
   actors_.push_back(dispatcher_);

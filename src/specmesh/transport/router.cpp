@@ -16,6 +16,8 @@ size_t wire_bytes(const Envelope& env) {
           n += p.batch.tokens.size() * 16;
         } else if constexpr (std::is_same_v<T, Logits>) {
           n += p.logits.data.size();
+        } else if constexpr (std::is_same_v<T, HiddenStates>) {
+          n += p.states.data.size() + p.rows.size() * 8;
         } else if constexpr (std::is_same_v<T, RunStart>) {
           n += p.tokens.size() * 16;
         }

@@ -1,0 +1,104 @@
+// What tests that run actors and gateways share: an actor system tuned like a node's, fresh
+// endpoints per transport (ipc socket files removed when the test program ends), polling with
+// a deadline, and a blocking inbox to subscribe on a gateway.
+#pragma once
+
+#include "ports.hpp"
+#include "specmesh/transport/gateway.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/all.hpp>
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace specmesh::test {
+
+inline constexpr std::chrono::milliseconds kWait{5000};  // bound for what should take milliseconds
+
+struct System {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  System() {
+    configure_low_latency_scheduler(cfg);
+    sys = std::make_unique<caf::actor_system>(cfg);
+  }
+};
+
+// Unique within the machine: the pid separates concurrent test programs.
+inline std::string unique_tag() {
+  static std::atomic<int> n{0};
+  return std::to_string(::getpid()) + "-" + std::to_string(n++);
+}
+
+// ZeroMQ leaves ipc socket files behind; remove ours when the test program ends.
+struct IpcCleanup : ::testing::Environment {
+  std::mutex mu;
+  std::vector<std::string> paths;
+  void TearDown() override {
+    std::lock_guard<std::mutex> g(mu);
+    for (auto& p : paths) {
+      ::unlink(p.c_str());
+      ::unlink((p + ".ctl").c_str());
+    }
+  }
+};
+inline IpcCleanup* const ipc_cleanup = static_cast<IpcCleanup*>(::testing::AddGlobalTestEnvironment(new IpcCleanup));
+
+inline std::string ipc_ep() {
+  std::string path = "/tmp/specmesh-test-" + unique_tag();
+  std::lock_guard<std::mutex> g(ipc_cleanup->mu);
+  ipc_cleanup->paths.push_back(path);
+  return "ipc://" + path;
+}
+
+// A fresh data endpoint on "inproc", "ipc" or "tcp" (loopback).
+inline std::string endpoint_for(const std::string& transport) {
+  if (transport == "inproc") return "inproc://test-" + unique_tag();
+  if (transport == "ipc") return ipc_ep();
+  return "tcp://127.0.0.1:" + std::to_string(free_port_pair());
+}
+
+// Polls `p` until it holds or the timeout passes; returns its last value.
+template <class Pred>
+bool wait_until(Pred&& p, std::chrono::milliseconds timeout = kWait) {
+  auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (p()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return p();
+}
+
+// A blocking CAF actor to subscribe with; next() waits for one delivered message.
+// CAF 0.17.6's blocking receive() may run the handler for several messages in one call when
+// high-priority messages are pending, so handled messages are buffered.
+struct Inbox {
+  caf::scoped_actor self;
+  std::deque<std::pair<std::string, Envelope>> buffered;
+  explicit Inbox(caf::actor_system& sys) : self(sys) {}
+  caf::actor handle() { return caf::actor_cast<caf::actor>(self); }
+  std::optional<std::pair<std::string, Envelope>> next(std::chrono::milliseconds timeout = kWait) {
+    if (buffered.empty())
+      self->receive([&](const std::string& from, const Envelope& e) { buffered.emplace_back(from, e); },
+                    caf::after(timeout) >> [] {});
+    if (buffered.empty()) return std::nullopt;
+    auto out = std::move(buffered.front());
+    buffered.pop_front();
+    return out;
+  }
+};
+
+}  // namespace specmesh::test
