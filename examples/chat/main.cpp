@@ -4,13 +4,13 @@
 //   specmesh-chat -c TOPOLOGY.toml [--spawn]    through a topology (specmesh::Runtime)
 //
 // Every line from stdin is a turn and the conversation so far is the prompt of the next
-// reply. Vocabularies made for chat get a plain "User:/Assistant:" framing (the tokenizer
-// reads special-token text as text, so real chat templates cannot be written); small story
-// models just continue the text. Ends at EOF or /quit.
+// reply; the framing, the stop strings and trimming to the context come from chat/ (shared
+// with other front ends), the generation from the backend below. Vocabularies made for chat
+// get a plain "User:/Assistant:" framing, small story models just continue the text. /reset
+// starts over; EOF or /quit ends.
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -20,13 +20,15 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "specmesh/chat/conversation.hpp"
+#include "specmesh/chat/framing.hpp"
+#include "specmesh/chat/stop.hpp"
 #include "specmesh/model/context.hpp"
 #include "specmesh/model/generate.hpp"
 #include "specmesh/runtime.hpp"
@@ -124,90 +126,6 @@ class RuntimeBackend : public Backend {
   int n_ctx_ = 0;
 };
 
-// True for vocabularies with turn markers of a chat template (ChatML, Llama 3, Gemma, ...).
-bool chat_vocabulary(const Tokenizer& tok) {
-  static const char* markers[] = {"<|im_start|>", "<|start_header_id|>", "<start_of_turn>", "<|user|>", "[INST]"};
-  for (const std::string& t : tok.vocab().tokens)
-    for (const char* m : markers)
-      if (t == m) return true;
-  return false;
-}
-
-// Passes a streamed reply on but ends it where the model starts a turn of its own; text
-// that might be the beginning of such a marker is held back until it is decided.
-class TurnCutter {
- public:
-  explicit TurnCutter(std::vector<std::string> stops) : stops_(std::move(stops)) {}
-  std::string feed(const std::string& piece) {
-    pending_ += piece;
-    size_t cut = std::string::npos;
-    for (const auto& s : stops_) cut = std::min(cut, pending_.find(s));
-    if (cut != std::string::npos) {
-      done_ = true;
-      std::string out = pending_.substr(0, cut);
-      pending_.clear();
-      return out;
-    }
-    size_t hold = 0;
-    for (const auto& s : stops_)
-      for (size_t k = std::min(s.size() - 1, pending_.size()); k > hold; --k)
-        if (pending_.compare(pending_.size() - k, k, s, 0, k) == 0) {
-          hold = k;
-          break;
-        }
-    std::string out = pending_.substr(0, pending_.size() - hold);
-    pending_.erase(0, pending_.size() - hold);
-    return out;
-  }
-  std::string flush() { return std::exchange(pending_, {}); }
-  bool done() const { return done_; }
-
- private:
-  std::vector<std::string> stops_;
-  std::string pending_;
-  bool done_ = false;
-};
-
-class Conversation {
- public:
-  Conversation(Backend& backend, bool chat) : backend_(backend), chat_(chat) {}
-
-  // Story mode joins the user's words to the text with a space where one is missing.
-  void add_user(const std::string& line) {
-    const std::string t = text();
-    if (chat_) turns_.push_back("User: " + line + "\n");
-    else turns_.push_back(t.empty() || std::isspace((unsigned char)t.back()) ? line : " " + line);
-  }
-  void add_reply(const std::string& reply) { turns_.push_back(chat_ ? "Assistant:" + reply + "\n" : reply); }
-
-  // Drops the oldest turns until prompt and reply fit the context; a single turn that is
-  // still too long keeps only its end.
-  std::string fit(int n_predict) {
-    const Tokenizer& tok = backend_.tokenizer();
-    const int budget = backend_.context_tokens() - n_predict;
-    while (turns_.size() > 1 && int(tok.encode(prompt(), true).size()) > budget) turns_.erase(turns_.begin());
-    const int over = int(tok.encode(prompt(), true).size()) - budget;
-    if (over > 0) {
-      std::vector<int32_t> ids = tok.encode(turns_.front(), false);
-      ids.erase(ids.begin(), ids.begin() + std::min<size_t>(ids.size(), over + 1));  // +1: re-tokenising may merge
-      turns_.front() = tok.decode(ids);
-    }
-    return prompt();
-  }
-
- private:
-  std::string text() const {
-    std::string s;
-    for (const auto& t : turns_) s += t;
-    return s;
-  }
-  std::string prompt() const { return chat_ ? text() + "Assistant:" : text(); }
-
-  Backend& backend_;
-  bool chat_;
-  std::vector<std::string> turns_;
-};
-
 int chat(const Options& o) {
   // The conversation owns stdout; runtime logs go to stderr, warnings and worse only.
   spdlog::set_default_logger(spdlog::stderr_color_mt("specmesh-chat"));
@@ -216,7 +134,8 @@ int chat(const Options& o) {
   std::unique_ptr<Backend> backend;
   if (!o.topology.empty()) backend = std::make_unique<RuntimeBackend>(o);
   else backend = std::make_unique<DirectBackend>(o);
-  const bool chat_mode = o.mode == "chat" || (o.mode == "auto" && chat_vocabulary(backend->tokenizer()));
+  const Tokenizer& tok = backend->tokenizer();
+  const std::unique_ptr<ChatFormat> format = make_chat_format(o.mode, tok);
   if (o.n_predict >= backend->context_tokens())
     throw std::invalid_argument("-n " + std::to_string(o.n_predict) + " leaves no room for a prompt in a context of " +
                                 std::to_string(backend->context_tokens()) + " tokens");
@@ -227,20 +146,24 @@ int chat(const Options& o) {
 
   const bool interactive = ::isatty(STDIN_FILENO);
   if (interactive)
-    std::printf("specmesh-chat (%s mode): type a line and press enter; /quit or Ctrl-D ends\n",
-                chat_mode ? "chat" : "story");
-  Conversation conv(*backend, chat_mode);
+    std::printf("specmesh-chat (%s mode): type a line and press enter; /reset starts over, /quit or Ctrl-D ends\n",
+                std::string(format->name()).c_str());
+  Conversation conv;
   std::string line;
   while (true) {
     if (interactive) std::printf("> ");
     std::fflush(stdout);
     if (!std::getline(std::cin, line) || line == "/quit") break;
     if (!interactive) std::printf("> %s\n", line.c_str());  // a transcript of piped input
+    if (line == "/reset") {
+      conv.reset();
+      continue;
+    }
     if (line.empty()) continue;
-    conv.add_user(line);
-    const std::string prompt = conv.fit(gp.n_predict);
+    conv.add(ChatRole::User, line);
+    const std::string prompt = conv.fit(*format, tok, backend->context_tokens() - gp.n_predict);
 
-    TurnCutter cut(chat_mode ? std::vector<std::string>{"\nUser:", "\nAssistant:"} : std::vector<std::string>{});
+    StopFilter stop(format->stop_strings());
     std::string reply;
     auto show = [&](const std::string& text) {
       reply += text;
@@ -248,16 +171,16 @@ int chat(const Options& o) {
       std::fflush(stdout);
     };
     std::string error = backend->complete(prompt, gp, [&](const std::string& piece) {
-      show(cut.feed(piece));
-      return !cut.done();
+      show(stop.feed(piece));
+      return !stop.stopped();
     });
-    if (!cut.done()) show(cut.flush());
+    show(stop.flush());
     std::printf("\n");
     if (!error.empty()) {
       std::fprintf(stderr, "specmesh-chat: %s\n", error.c_str());
       return 1;
     }
-    conv.add_reply(reply);
+    conv.add(ChatRole::Assistant, reply);
   }
   return 0;
 }
