@@ -1,4 +1,4 @@
-// ar vs spec vs pipeinfer on an emulated 4-node cluster, with real tokens from the refdata
+// Every registered strategy that runs on a target and a draft, on an emulated 4-node cluster, with real tokens from the refdata
 // model pairs: the head and the draft on a fast node, the target split over three slow
 // nodes joined by a gigabit link. Device timing profiles stand in for the slow hardware;
 // every token is really computed and checked against plain autoregression.
@@ -7,6 +7,7 @@
 //                    [--max-runs 8] [--n-draft 4] [--p-accept 0.4] [--csv results.csv]
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "specmesh/runtime.hpp"
+#include "specmesh/speculation/registry.hpp"
 
 using namespace specmesh;
 
@@ -30,17 +32,21 @@ struct Options {
 };
 
 std::string write_topology(const Options& o, const std::string& target, const std::string& draft,
-                           const std::string& strategy) {
+                           const StrategyInfo& strategy) {
   static int n = 0;
   const std::string dir = std::filesystem::temp_directory_path() / ("specmesh-bench-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string path = dir + "/cluster-" + std::to_string(n++) + ".toml";
   std::ofstream f(path);
   f << "link = \"gigabit\"\n";
-  f << "[run]\nmodel = \"target\"\ndraft = \"draft\"\nstrategy = \"" << strategy << "\"\nn_predict = " << o.tokens << "\n";
+  f << "[run]\nmodel = \"target\"\ndraft = \"draft\"\nstrategy = \"" << strategy.name << "\"\nn_predict = " << o.tokens << "\n";
   if (!o.csv.empty()) f << "metrics_csv = \"" << std::filesystem::absolute(o.csv).string() << "\"\n";
-  f << "[run.params]\nn_draft = " << o.n_draft << "\np_accept = " << o.p_accept << "\nmax_runs = " << o.max_runs
-    << "\nmax_micro_batch = 4\n";
+  // The bench's settings, for the strategies that take them.
+  f << "[run.params]\n";
+  const std::map<std::string, double> settings = {
+      {"n_draft", o.n_draft}, {"p_accept", o.p_accept}, {"max_runs", o.max_runs}, {"max_micro_batch", 4}};
+  for (const auto& [k, v] : settings)
+    if (strategy.param(k)) f << k << " = " << v << "\n";
   f << "[models.target]\npath = \"" << o.refdata << "/gguf-models/" << target << ".gguf\"\n";
   f << "[models.draft]\npath = \"" << o.refdata << "/gguf-models/" << draft << ".gguf\"\n";
   const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(n);
@@ -91,11 +97,20 @@ int main(int argc, char** argv) {
               o.layer_ms, o.draft_layer_ms, o.tokens, prompts.size());
   std::printf("%-20s %-24s %-10s %10s %10s %8s %8s %10s %10s\n", "target", "draft", "strategy", "tok/s", "ttft ms", "accept",
               "tok/ver", "cancelled", "lossless");
+  // Plain decoding (the registry's default for a lone target) is the reference the others
+  // must reproduce; then every strategy that needs no role beyond target and draft.
+  const StrategyInfo& plain = default_strategy({kTargetRole});
+  std::vector<const StrategyInfo*> runs{&plain};
+  for (const StrategyInfo& s : strategies()) {
+    const bool fits = std::all_of(s.roles.begin(), s.roles.end(), [](const std::string& r) { return r == kTargetRole || r == "draft"; });
+    if (fits && &s != &plain) runs.push_back(&s);
+  }
   for (const auto& [target, draft] : pairs) {
     std::map<std::string, double> tps, ttft;
     std::vector<std::vector<int32_t>> reference;
-    for (const std::string strategy : {"ar", "spec", "pipeinfer"}) {
-      const std::string topo = write_topology(o, target, draft, strategy);
+    for (const StrategyInfo* info : runs) {
+      const std::string& strategy = info->name;
+      const std::string topo = write_topology(o, target, draft, *info);
       double tokens = 0, seconds = 0, first = 0, accepted = 0, drafted = 0, verifs = 0, cancelled = 0;
       bool lossless = true;
       for (size_t i = 0; i < prompts.size(); ++i) {
@@ -106,7 +121,7 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "%s: %s\n", strategy.c_str(), r.error.c_str());
           return 1;
         }
-        if (strategy == "ar") reference.push_back(r.ids);
+        if (info == &plain) reference.push_back(r.ids);
         else lossless = lossless && r.ids == reference[i];
         tokens += r.stats.generated_tokens - 1;
         seconds += (r.stats.total_ms - r.stats.ttft_ms) / 1000.0;
@@ -123,8 +138,18 @@ int main(int argc, char** argv) {
                   verifs > 0 ? (accepted + verifs) / verifs : 0.0, cancelled, lossless ? "yes" : "NO");
       std::fflush(stdout);
     }
-    std::printf("%-20s %-24s pipeinfer/spec tok/s %.2fx, pipeinfer/ar %.2fx, ttft pipeinfer/ar %.2f\n", "", "",
-                tps["pipeinfer"] / tps["spec"], tps["pipeinfer"] / tps["ar"], ttft["pipeinfer"] / ttft["ar"]);
+    // Every ratio measured in this run: each strategy against the reference and against the
+    // strategies listed before it.
+    std::string line;
+    for (size_t a = 1; a < runs.size(); ++a)
+      for (size_t b = 0; b < a; ++b) {
+        const std::string &x = runs[a]->name, &y = runs[b]->name;
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "%s%s/%s tok/s %.2fx, ttft %.2f", line.empty() ? "" : "; ", x.c_str(), y.c_str(),
+                      tps[x] / tps[y], ttft[x] / ttft[y]);
+        line += buf;
+      }
+    std::printf("%-20s %-24s %s\n", "", "", line.c_str());
   }
   return 0;
 }

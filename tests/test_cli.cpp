@@ -3,7 +3,10 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include "refdata.hpp"
@@ -91,4 +94,83 @@ TEST(Cli, BadModelFileIsAClearError) {
   auto r2 = run("generate -m " + refdata("llama2c/tok512.bin") + " -p hi -n 4");
   EXPECT_EQ(r2.status, 1);
   EXPECT_NE(r2.out.find("error"), std::string::npos) << r2.out;
+}
+
+namespace {
+
+std::string readme() {
+  std::ifstream in(std::string(SPECMESH_SOURCE_DIR) + "/README.md");
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The README's speculative-decoding command: the `R=...` line and the command it feeds.
+std::vector<std::string> readme_speculative_command() {
+  const std::string text = readme();
+  const size_t a = text.find("\nR=");
+  EXPECT_NE(a, std::string::npos) << "the README has no `R=...` speculative command";
+  std::vector<std::string> lines;
+  std::istringstream in(text.substr(a + 1));
+  for (std::string line; std::getline(in, line);) {
+    lines.push_back(line);
+    if (lines.size() > 1 && (line.empty() || line.back() != '\\')) break;
+  }
+  return lines;
+}
+
+// Runs the command with `cwd` as working directory, the models at `refdata` (as the command
+// should write it from there) and the binary built here.
+Run run_readme_command(const std::string& cwd, const std::string& refdata_models) {
+  std::vector<std::string> lines = readme_speculative_command();
+  std::string script = "cd '" + cwd + "' && R=" + refdata_models + "\n";
+  for (size_t i = 1; i < lines.size(); ++i) {
+    std::string l = lines[i];
+    if (l.rfind("build/specmesh ", 0) == 0) l = std::string(SPECMESH_CLI_PATH) + l.substr(14);
+    script += l + "\n";
+  }
+  FILE* p = popen(("bash -c '" + [&] {
+                     std::string q;
+                     for (char c : script) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+                     return q;
+                   }() + "' 2>/dev/null").c_str(),
+                  "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  return {WEXITSTATUS(pclose(p)), out};
+}
+
+}  // namespace
+
+// The README's strategy tables are the registry's own listing.
+TEST(Cli, ReadmeStrategyTablesComeFromTheRegistry) {
+  const std::string text = readme();
+  const size_t a = text.find("<!-- strategies:begin -->\n"), b = text.find("<!-- strategies:end -->");
+  ASSERT_NE(a, std::string::npos);
+  ASSERT_NE(b, std::string::npos);
+  auto r = run("strategies --markdown");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(text.substr(a + 26, b - a - 26), r.out) << "README out of date: paste `specmesh strategies --markdown`";
+}
+
+// Relative paths on the command line are relative to the working directory: the README's
+// command works from the checkout, and from anywhere else with paths written from there.
+TEST(Cli, ReadmeSpeculativeCommandRunsFromTheCheckoutAndElsewhere) {
+  SPECMESH_REQUIRE_REFDATA();
+  namespace fs = std::filesystem;
+  const fs::path models = fs::path(specmesh::test::refdata("gguf-models"));
+  const fs::path checkout = fs::canonical(SPECMESH_SOURCE_DIR);
+  if (fs::canonical(checkout / "../shared/refdata/gguf-models") != fs::canonical(models))
+    GTEST_SKIP() << "\n\n*** the README's command expects the models at ../shared/refdata; they are elsewhere ***\n";
+  const auto here = run_readme_command(checkout.string(), readme_speculative_command()[0].substr(2));
+  ASSERT_EQ(here.status, 0) << here.out;
+  const fs::path elsewhere = fs::temp_directory_path() / ("specmesh-cwd-" + std::to_string(::getpid())) / "a" / "b";
+  fs::create_directories(elsewhere);
+  const auto there = run_readme_command(elsewhere.string(), fs::relative(models, elsewhere).string());
+  fs::remove_all(elsewhere.parent_path().parent_path());
+  ASSERT_EQ(there.status, 0) << there.out;
+  const auto a = nlohmann::json::parse(here.out), b = nlohmann::json::parse(there.out);
+  EXPECT_EQ(a["ids"], b["ids"]);
+  EXPECT_GT(a["ids"].size(), 10u);
+  EXPECT_NE(fs::relative(models, elsewhere).string().rfind("../", 0), std::string::npos);  // really relative
 }
