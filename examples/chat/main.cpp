@@ -1,7 +1,8 @@
 // specmesh-chat: talk to a model line by line, with replies streamed as they are generated.
 //
-//   specmesh-chat -m MODEL [-z TOKENIZER]      one process, model/generate.hpp directly
-//   specmesh-chat -c TOPOLOGY.toml [--spawn]    through a topology (specmesh::Runtime)
+//   specmesh-chat -m MODEL [-z TOKENIZER] [-d DRAFT] [--strategy S]   one process
+//   specmesh-chat -c TOPOLOGY.toml [--spawn]                            a topology's nodes
+// Both go through specmesh::Runtime; -m builds its configuration in code.
 //
 // Every line from stdin is a turn and the conversation so far is the prompt of the next
 // reply; the framing, the stop strings and trimming to the context come from chat/ (shared
@@ -29,7 +30,6 @@
 #include "specmesh/chat/conversation.hpp"
 #include "specmesh/chat/framing.hpp"
 #include "specmesh/chat/stop.hpp"
-#include "specmesh/model/context.hpp"
 #include "specmesh/model/generate.hpp"
 #include "specmesh/runtime.hpp"
 
@@ -37,7 +37,7 @@ namespace specmesh {
 namespace {
 
 struct Options {
-  std::string model, tokenizer, topology, specmesh_binary, mode = "auto";
+  std::string model, tokenizer, draft, strategy, topology, specmesh_binary, mode = "auto";
   bool spawn = false;
   int n_predict = 96, threads = 0, n_ctx = 0;
   float temp = 0.8f, top_p = 0.95f;
@@ -48,67 +48,36 @@ struct Options {
 // Streams text to the caller; returning false ends the reply.
 using PieceSink = std::function<bool(const std::string&)>;
 
-// Where replies come from: a model in this process or a topology's head.
-struct Backend {
-  virtual ~Backend() = default;
-  virtual const Tokenizer& tokenizer() const = 0;
-  virtual int context_tokens() const = 0;  // prompt and reply must fit in this many
-  // Continues `prompt`; returns an error message, empty on success.
-  virtual std::string complete(const std::string& prompt, const GenerateParams& p, const PieceSink& sink) = 0;
-};
-
-class DirectBackend : public Backend {
+// Replies come from a runtime: a topology file's (-c), or one built here for -m [-d] (the
+// same configuration struct, filled in code).
+class Backend {
  public:
-  explicit DirectBackend(const Options& o) : model_(Model::load(o.model, o.tokenizer)) {
-    ContextParams cp;
-    cp.n_ctx = o.n_ctx;
-    cp.n_threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-    ctx_ = std::make_unique<Context>(*model_, cp);
-  }
-  const Tokenizer& tokenizer() const override { return model_->tokenizer(); }
-  int context_tokens() const override { return ctx_->kv().n_cells(); }
-  std::string complete(const std::string& prompt, const GenerateParams& p, const PieceSink& sink) override {
-    ctx_->kv().clear();  // generate() starts from an empty sequence
-    std::vector<int32_t> ids = tokenizer().encode(prompt, true);
-    StreamDecoder dec(tokenizer());
-    for (int32_t t : ids) dec.feed(t);  // so the reply's first piece is spaced correctly
-    bool more = true;
-    try {
-      generate(*ctx_, ids, p, [&](int32_t t) { return more = sink(dec.feed(t)); });
-    } catch (const std::exception& e) {
-      return e.what();
-    }
-    if (more) sink(dec.flush());
-    return {};
-  }
-
- private:
-  std::unique_ptr<Model> model_;
-  std::unique_ptr<Context> ctx_;
-};
-
-class RuntimeBackend : public Backend {
- public:
-  explicit RuntimeBackend(const Options& o) {
+  explicit Backend(const Options& o) {
     RuntimeOptions ro;
     ro.spawn_nodes = o.spawn;
     // Nodes are served by the `specmesh` binary, which is built beside this one.
     ro.specmesh_binary = o.specmesh_binary.empty()
                              ? (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "specmesh").string()
                              : o.specmesh_binary;
-    rt_ = Runtime::open(o.topology, ro);
-    const Topology& t = rt_->topology();
-    n_ctx_ = o.n_ctx > 0 ? o.n_ctx : t.run.n_ctx;
-    if (n_ctx_ <= 0) {
-      // The stages size their caches as a Context does; the weights are mmapped, so this
-      // second load reads little more than the header.
-      const ModelSpec& m = t.models.at(t.run.model);
-      n_ctx_ = std::min(Model::load(m.path, m.tokenizer)->hparams().n_ctx_train, 4096);
+    if (!o.topology.empty()) {
+      Topology t = Topology::load(o.topology);
+      if (o.n_ctx > 0) t.run.n_ctx = o.n_ctx;
+      rt_ = std::make_unique<Runtime>(std::move(t), ro);
+    } else {
+      auto abs = [](const std::string& p) { return p.empty() ? p : std::filesystem::absolute(p).string(); };
+      std::map<std::string, ModelSpec> roles;
+      if (!o.draft.empty()) roles["draft"] = {"draft", abs(o.draft), abs(o.tokenizer)};
+      const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+      Topology t = Topology::single_process({"target", abs(o.model), abs(o.tokenizer)}, roles, threads);
+      t.run.strategy = o.strategy;
+      t.run.n_ctx = o.n_ctx;
+      rt_ = std::make_unique<Runtime>(std::move(t), ro);
     }
   }
-  const Tokenizer& tokenizer() const override { return rt_->tokenizer(); }
-  int context_tokens() const override { return n_ctx_; }
-  std::string complete(const std::string& prompt, const GenerateParams& p, const PieceSink& sink) override {
+  const Tokenizer& tokenizer() const { return rt_->tokenizer(); }
+  int context_tokens() const { return rt_->context_size(); }  // prompt and reply must fit in this many
+  // Continues `prompt`; returns an error message, empty on success.
+  std::string complete(const std::string& prompt, const GenerateParams& p, const PieceSink& sink) {
     GenerationRequest req{.prompt = prompt, .n_predict = p.n_predict, .sampling = p.sampling};
     bool more = true;
     size_t streamed = 0;
@@ -123,7 +92,6 @@ class RuntimeBackend : public Backend {
 
  private:
   std::unique_ptr<Runtime> rt_;
-  int n_ctx_ = 0;
 };
 
 int chat(const Options& o) {
@@ -131,9 +99,7 @@ int chat(const Options& o) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("specmesh-chat"));
   spdlog::set_level(spdlog::level::warn);
 
-  std::unique_ptr<Backend> backend;
-  if (!o.topology.empty()) backend = std::make_unique<RuntimeBackend>(o);
-  else backend = std::make_unique<DirectBackend>(o);
+  auto backend = std::make_unique<Backend>(o);
   const Tokenizer& tok = backend->tokenizer();
   const std::unique_ptr<ChatFormat> format = make_chat_format(o.mode, tok);
   if (o.n_predict >= backend->context_tokens())
@@ -197,6 +163,8 @@ int main(int argc, char** argv) {
                 ->check(CLI::ExistingFile);
   m->excludes(c);
   app.add_option("-z,--tokenizer", o.tokenizer, "tokenizer of a llama2.c checkpoint")->check(CLI::ExistingFile)->needs(m);
+  app.add_option("-d,--draft", o.draft, "draft model for speculative decoding (with -m)")->check(CLI::ExistingFile)->needs(m);
+  app.add_option("--strategy", o.strategy, "decoding strategy with -m (default: the registry's for the models given; `specmesh strategies` lists them)")->needs(m);
   app.add_flag("--spawn", o.spawn, "start the topology's other nodes as child processes")->needs(c);
   app.add_option("--specmesh", o.specmesh_binary, "the specmesh binary that serves spawned nodes");
   app.add_option("--mode", o.mode, "chat (User:/Assistant: turns), story (continue the text) or auto")

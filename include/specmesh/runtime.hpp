@@ -66,6 +66,8 @@ class Runtime {
   std::vector<StageCounters> stage_counters() const;
 
   const Topology& topology() const;
+  // KV cells of the target's context: prompt and reply together must fit in this many.
+  int context_size() const;
   const Tokenizer& tokenizer() const;
 
  private:

@@ -11,14 +11,10 @@
 
 namespace specmesh {
 
-namespace {
-
-int resolve_ctx(const Model& m, int n_ctx) {
+int context_size(const Model& m, int n_ctx) {
   if (n_ctx > 0) return n_ctx;
   return std::min(m.hparams().n_ctx_train, 4096);
 }
-
-}  // namespace
 
 Context::Context(const Model& model, ContextParams params, ThreadPool* pool)
     : model_(model),
@@ -26,7 +22,7 @@ Context::Context(const Model& model, ContextParams params, ThreadPool* pool)
       pool_(pool ? pool : own_pool_.get()),
       begin_(params.layer_begin),
       end_(params.layer_end < 0 ? model.hparams().n_layer : params.layer_end),
-      kv_(resolve_ctx(model, params.n_ctx), begin_, end_, model.hparams().kv_dim()),
+      kv_(context_size(model, params.n_ctx), begin_, end_, model.hparams().kv_dim()),
       capture_(std::move(params.capture_layers)) {
   const int L = model.hparams().n_layer;
   if (begin_ < 0 || begin_ > end_ || end_ > L)

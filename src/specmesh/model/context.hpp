@@ -14,6 +14,10 @@
 
 namespace specmesh {
 
+// The KV cells a context gets for n_ctx: n_ctx itself, or when 0 the model's training context
+// capped at 4096.
+int context_size(const Model& model, int n_ctx);
+
 struct ContextParams {
   int n_ctx = 0;            // KV cells; 0: the model's training context (at most 4096)
   int n_threads = 1;        // used when no pool is given

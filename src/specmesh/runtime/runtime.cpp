@@ -9,6 +9,7 @@
 #include <caf/send.hpp>
 #include <spdlog/spdlog.h>
 
+#include "specmesh/model/context.hpp"
 #include "specmesh/runtime/node.hpp"
 
 #include <filesystem>
@@ -148,6 +149,10 @@ std::vector<Runtime::StageCounters> Runtime::stage_counters() const {
 }
 
 const Topology& Runtime::topology() const { return impl_->topo; }
+int Runtime::context_size() const {
+  return specmesh::context_size(*impl_->head_model, impl_->topo.run.n_ctx);
+}
+
 const Tokenizer& Runtime::tokenizer() const { return impl_->head_model->tokenizer(); }
 
 void set_log_level(const std::string& level) { spdlog::set_level(spdlog::level::from_str(level)); }

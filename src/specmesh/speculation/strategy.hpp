@@ -57,6 +57,9 @@ class Strategy {
   virtual void start() = 0;
   // The logits of a run (Logits::pipeline names the role it was launched into).
   virtual void on_logits(uint64_t run, const Logits& logits) = 0;
+  // Hidden states a stage tapped for this strategy (StageConfig::tap_layers), which arrive
+  // before their run's logits when they travel the same link.
+  virtual void on_hidden_states(uint64_t run, const HiddenStates& states) {}
   // The session is over: drop whatever is still in flight so the next one does not queue
   // behind it.
   virtual void abandon() {}
