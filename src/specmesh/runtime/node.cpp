@@ -3,11 +3,10 @@
 #include <thread>
 
 #include <caf/actor_system.hpp>
-#include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
-#include <spdlog/spdlog.h>
 
 #include "specmesh/actors/head.hpp"
+#include "specmesh/transport/dispatcher.hpp"
 
 namespace specmesh {
 
@@ -28,47 +27,6 @@ void resolve_layers(Topology& topo, ModelCache& models) {
   for (const auto& [role, model] : topo.role_models())
     topo.resolve_layers(role, models.get(topo.models.at(model))->hparams().n_layer);
 }
-
-namespace {
-
-struct Route {
-  std::string pipeline;
-  int layer_begin;
-  caf::actor stage;
-};
-
-// Hands each envelope to the stage it is for: run starts to a pipeline's first stage,
-// activations and cache operations to the stage whose layers start where they point.
-// Logits and errors sent from this node to itself go to the local head.
-caf::actor spawn_dispatcher(caf::actor_system& sys, std::string node, std::vector<Route> routes, caf::actor head) {
-  return sys.spawn([node = std::move(node), routes = std::move(routes), head](caf::event_based_actor*) -> caf::behavior {
-    return {
-        [node, routes, head](const std::string& from, const Envelope& env) {
-          if (head && (std::holds_alternative<Logits>(env.payload) || std::holds_alternative<Error>(env.payload))) {
-            caf::anon_send(head, from, env);
-            return;
-          }
-          auto find = [&](const std::string& pipeline, int layer) -> const caf::actor* {
-            for (const auto& r : routes)
-              if (r.pipeline == pipeline && r.layer_begin == layer) return &r.stage;
-            return nullptr;
-          };
-          const caf::actor* to = nullptr;
-          if (const auto* r = std::get_if<RunStart>(&env.payload)) to = find(r->pipeline, 0);
-          else if (const auto* a = std::get_if<Activations>(&env.payload)) to = find(a->pipeline, a->layer);
-          else if (const auto* k = std::get_if<KvCacheOp>(&env.payload)) to = find(k->pipeline, k->layer);
-          else if (std::holds_alternative<Cancel>(env.payload)) {
-            for (const auto& r : routes) caf::anon_send<caf::message_priority::high>(r.stage, from, env);
-            return;
-          }
-          if (to) caf::anon_send(*to, from, env);
-          else spdlog::warn("node {}: no stage here for {} from {} (run {})", node, to_string(env.type()), from, env.run_id);
-        },
-    };
-  });
-}
-
-}  // namespace
 
 NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::string& node, ModelCache& models)
     : name_(node) {

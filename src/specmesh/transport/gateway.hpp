@@ -16,51 +16,11 @@
 // Subscribed actors receive `(const std::string& from, const specmesh::Envelope& env)`.
 // Pass Delivery::inline_io to subscribe() for short non-blocking handlers (routers, samplers)
 // to run them on the gateway thread and save a thread wake-up per message.
-// Control messages (cancel, error) are enqueued with caf::message_priority::high so they
-// overtake queued data in the actor's mailbox; a running handler is not interrupted, so long
-// computations must poll their own cancel flag. (CAF 0.17.6 quirk, measured: a blocking
-// actor's receive() may run its handler for several messages in one call while high-priority
-// messages are pending; collect results in the handler, not one per call.)
 //
-// Latency (bench/bench_hop.cpp, round trip = 2 hops, 2-core VM): with scheduled delivery a hop
-// costs one CAF worker wake-up more than raw ZeroMQ; inline delivery removes it. On the idle
-// VM (every cross-CPU wake-up ~20-40 us, raw 1 KiB ~95 us) inline measured 1.03-1.13x raw for
-// 1 KiB and 1 MiB over ipc and tcp, scheduled 1.4-1.6x (1 KiB). With cheap wake-ups (all
-// threads on one CPU, raw 1 KiB ~19 us) inline adds ~10 us (1.5x) for 1 KiB and 1.1x for 1 MiB.
-//
-// Topology: each node binds two ROUTER sockets (data and control) and connects two DEALERs
-// (routing id = node name) to every configured peer. Control traffic (cancel, heartbeat,
-// error) has its own socket and TCP connection, and is received and sent before data, so a
-// cancel is never stuck behind queued tensors. Endpoints:
-//   tcp://HOST:PORT  -> control on tcp://HOST:PORT+1   (HOST must be loopback unless
-//                       allow_non_loopback; peers are connected wherever they are)
-//   ipc://PATH       -> control on ipc://PATH.ctl
-//   inproc://NAME    -> control on inproc://NAME.ctl   (gateways of one process share a
-//                       process-wide ZeroMQ context, so inproc links work between them)
-//
-// Ordering: every (link, channel) carries its own sequence numbers, starting at 0 for each
-// sender session (a random id per Gateway instance, so a restarted peer starts a new stream).
-// A gap, duplicate or reordered message is rejected, logged and counted. After a gap the
-// receiver resynchronises so the link keeps working, and error subscribers receive an
-// Error{code = messages_lost, peer = name} envelope, since runs in flight may be broken.
-//
-// Liveness: ZMTP heartbeats (ZMQ_HEARTBEAT_IVL/TIMEOUT) drop dead connections inside ZeroMQ,
-// and application heartbeats on the control channel detect a peer whose process is gone,
-// frozen or whose gateway stopped serving. When a peer has been silent for peer_timeout,
-// error subscribers receive an Error{code = peer_down, peer = name} envelope (run_id 0) once;
-// peer_alive() turns true again when it is heard from. A peer never heard from is reported
-// the same way ("not reachable") peer_timeout after the gateway starts; wait for
-// peer_alive() before starting work if peers start in any order.
-//
-// Threading: the I/O thread (named "specmesh-gw") owns the listening ROUTERs (receive, decode, deliver), runs the
-// heartbeats and polls. Each outgoing DEALER belongs to its link and is used under the link's
-// mutex, which is the full memory barrier ZeroMQ requires for a socket to change threads; so
-// send() encodes and hands the message to ZeroMQ directly on the calling actor's thread.
-// Only when ZeroMQ refuses (high-water mark reached) are messages parked, and the I/O thread
-// then owns that DEALER until the backlog is flushed, keeping order.
-//
-// Rejections (malformed, truncated, wrong version, unknown peer, bad sequence, ...) never
-// stop the gateway: each is logged through spdlog with its reason and counted (stats()).
+// The parts, each documented beside its code (private headers):
+//   transport/link.hpp      sockets, the I/O thread, send paths, ordering, rejections
+//   transport/liveness.hpp  application heartbeats and peer_down reports
+//   transport/delivery.hpp  subscriptions, message priority, inline delivery, held messages
 #pragma once
 
 #include "specmesh/messages/protocol.hpp"
@@ -90,7 +50,7 @@ struct GatewayConfig {
   bool allow_non_loopback = false;              // permit binding tcp to non-loopback interfaces
   int64_t max_message_bytes = int64_t{1} << 31; // ZMQ_MAXMSGSIZE per frame on our listening sockets
   // true: send() hands the message to ZeroMQ on the caller's thread (one thread wake-up less
-  // per hop); false: every message goes through the I/O thread. See the threading note above.
+  // per hop); false: every message goes through the I/O thread (see transport/link.hpp).
   bool send_from_caller = true;
 };
 
@@ -163,6 +123,9 @@ class Gateway {
   void unsubscribe(const caf::actor& who);
 
   GatewayStats stats() const;
+  // True from the first message heard from `peer` until it is reported down (an Error with
+  // code peer_down to error subscribers). Wait for it before starting work if peers start in
+  // any order.
   bool peer_alive(const std::string& peer) const;
   const GatewayConfig& config() const;
   std::string data_endpoint() const;
@@ -173,7 +136,12 @@ class Gateway {
   std::unique_ptr<Impl> impl_;
 };
 
-// Derives the control endpoint from a data endpoint (see the table above).
+// Derives the control endpoint from a data endpoint:
+//   tcp://HOST:PORT  -> control on tcp://HOST:PORT+1   (HOST must be loopback unless
+//                       allow_non_loopback; peers are connected wherever they are)
+//   ipc://PATH       -> control on ipc://PATH.ctl
+//   inproc://NAME    -> control on inproc://NAME.ctl   (gateways of one process share a
+//                       process-wide ZeroMQ context, so inproc links work between them)
 // Throws std::invalid_argument for unsupported transports or malformed tcp endpoints.
 std::string control_endpoint_for(const std::string& data_endpoint);
 
