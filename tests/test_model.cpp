@@ -165,15 +165,16 @@ TEST(Forward, TreeBatchMatchesSeparateChains) {
   SPECMESH_REQUIRE_REFDATA();
   auto m = load_bin();
   const std::vector<int32_t> prompt = {1, 403, 407};
-  // Tree: root 261 (pos 3) with children 378 and 300 (pos 4); 378 has child 432 (pos 5).
+  // Tree in DFS pre-order: root 261 (pos 3) with children 378 and 300 (pos 4); 378 has child
+  // 432 (pos 5), stored before its uncle 300.
   Context tree_ctx(*m, {});
   prefill(tree_ctx, prompt, 0, 64);
   Batch t;
   t.add(261, 3, seq_bit(0), true);
   t.add(378, 4, seq_bit(0), true);
-  t.add(300, 4, seq_bit(0), true);
   t.add(432, 5, seq_bit(0), true);
-  t.parent = {-1, 0, 0, 1};
+  t.add(300, 4, seq_bit(0), true);
+  t.parent = {-1, 0, 1, 0};
   auto tree = tree_ctx.forward(t);
 
   auto chain = [&](const std::vector<int32_t>& toks) {
@@ -194,8 +195,24 @@ TEST(Forward, TreeBatchMatchesSeparateChains) {
   };
   EXPECT_LT(near(row(tree.logits, 0), row(a, 0)), 1e-5);
   EXPECT_LT(near(row(tree.logits, 1), row(a, 1)), 1e-5);
-  EXPECT_LT(near(row(tree.logits, 3), row(a, 2)), 1e-5);
-  EXPECT_LT(near(row(tree.logits, 2), row(b, 1)), 1e-5);
+  EXPECT_LT(near(row(tree.logits, 2), row(a, 2)), 1e-5);
+  EXPECT_LT(near(row(tree.logits, 3), row(b, 1)), 1e-5);
+
+  // Breadth-first order (300 before 432) is not DFS pre-order: a clear error, cache untouched.
+  Context bad(*m, {});
+  prefill(bad, prompt, 0, 64);
+  const int used = bad.kv().used();
+  Batch bfs = t;
+  bfs.tokens = {261, 378, 300, 432};
+  bfs.pos = {3, 4, 4, 5};
+  bfs.parent = {-1, 0, 0, 1};
+  try {
+    bad.forward(bfs);
+    ADD_FAILURE() << "a breadth-first tree was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("node 3 has parent 1"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(bad.kv().used(), used);
 }
 
 // Sequences share cells: a speculative branch in sequence 1 sees the canonical prefix, and

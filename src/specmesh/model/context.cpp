@@ -51,27 +51,10 @@ ForwardOutput Context::forward(const Batch& batch, const float* hidden_in) {
     std::memcpy(x.data(), hidden_in, n * E * sizeof(float));
   }
 
-  // Claim cells, then work out once which cells each token attends to (same for all layers).
+  // Claim cells; tree batches are checked (DFS pre-order, positions prefix + depth) first.
+  const AttentionMask mask = batch.is_tree() ? AttentionMask::tree(batch.parent, batch.pos) : AttentionMask{};
   const std::vector<int32_t> slots = kv_.place(batch);
-  std::vector<std::vector<int32_t>> visible(n);
-  if (!batch.is_tree()) {
-    for (size_t i = 0; i < n; ++i) kv_.visible_cells(batch.pos[i], batch.seqs[i], visible[i]);
-  } else {
-    // Tree: context cells by position, batch cells only along the ancestor chain.
-    std::vector<uint8_t> in_batch(kv_.n_cells(), 0);
-    for (int32_t s : slots) in_batch[s] = 1;
-    for (size_t i = 0; i < n; ++i) {
-      std::vector<int32_t> all;
-      kv_.visible_cells(batch.pos[i], batch.seqs[i], all);
-      for (int32_t c : all)
-        if (!in_batch[c]) visible[i].push_back(c);
-      for (int32_t a = int32_t(i); a >= 0; a = batch.parent[a]) {
-        if (a >= int32_t(n) || (batch.parent[a] >= a)) throw std::invalid_argument("tree parent must precede its child");
-        visible[i].push_back(slots[a]);
-      }
-      std::sort(visible[i].begin(), visible[i].end());
-    }
-  }
+  const Visibility visible(kv_, batch, slots, mask, views_);
 
   ForwardOutput out;
   out.captured.resize(capture_.size());
@@ -96,6 +79,11 @@ ForwardOutput Context::forward(const Batch& batch, const float* hidden_in) {
   out.logits.resize(r * size_t(hp.n_vocab));
   matmul(model_.output, normed.data(), r, out.logits.data(), *pool_);
   return out;
+}
+
+void Context::set_view(int seq, std::shared_ptr<const KvView> view) {
+  if (seq < 0 || seq >= kMaxSeqs) throw std::invalid_argument("sequence " + std::to_string(seq) + " out of range");
+  views_[seq] = std::move(view);
 }
 
 WorkCost Context::cost(const Batch& batch) const {
@@ -127,10 +115,11 @@ WorkCost Context::cost(const Batch& batch) const {
   return c;
 }
 
-void Context::layer(int il, const Batch& batch, const std::vector<int32_t>& slots,
-                    const std::vector<std::vector<int32_t>>& visible, float* x) {
+void Context::layer(int il, const Batch& batch, const std::vector<int32_t>& slots, const Visibility& visible,
+                    float* x) {
   const HParams& hp = model_.hparams();
   const LayerWeights& w = model_.layers[il];
+  const ArchSpec& arch = arch_spec(hp.arch);
   const size_t n = batch.size(), E = hp.n_embd, Q = hp.q_dim(), KV = hp.kv_dim(), F = hp.n_ff;
   const int D = hp.head_dim;
 
@@ -146,35 +135,31 @@ void Context::layer(int il, const Batch& batch, const std::vector<int32_t>& slot
     float* qi = q.data() + i * Q;
     float* ki = k.data() + i * KV;
     float* vi = v.data() + i * KV;
-    if (w.bq) {
-      add(qi, w.bq, Q);
-      add(ki, w.bk, KV);
-      add(vi, w.bv, KV);
-    }
-    if (w.q_norm) {
-      for (int hh = 0; hh < hp.n_head; ++hh) rmsnorm(qi + hh * D, w.q_norm, qi + hh * D, D, hp.rms_eps);
-      for (int hh = 0; hh < hp.n_head_kv; ++hh) rmsnorm(ki + hh * D, w.k_norm, ki + hh * D, D, hp.rms_eps);
-    }
+    arch.shape_qkv(hp, w, qi, ki, vi);
     rope(qi, hp.n_head, D, hp.n_rot, batch.pos[i], hp.rope_theta, hp.rope);
     rope(ki, hp.n_head_kv, D, hp.n_rot, batch.pos[i], hp.rope_theta, hp.rope);
     std::memcpy(kc + size_t(slots[i]) * KV, ki, KV * sizeof(float));
     std::memcpy(vc + size_t(slots[i]) * KV, vi, KV * sizeof(float));
   }
 
-  // One (token, head) pair per work item; each is computed the same way whatever the split.
+  // One (token, KV head) pair per work item: its cell list is built once for the query heads
+  // of its group. Each item is computed the same way whatever the split.
   const KvRows rows{kc, vc, KV};
   const float scale = 1.0f / std::sqrt(float(D));
   const int group = hp.n_head / hp.n_head_kv;
-  const size_t items = n * hp.n_head;
+  const size_t items = n * hp.n_head_kv;
   auto work = [&](size_t b, size_t e) {
+    thread_local std::vector<int32_t> cells;
     for (size_t it = b; it < e; ++it) {
-      const size_t i = it / hp.n_head;
-      const int hh = int(it % hp.n_head);
-      attention(q.data() + i * Q + hh * D, rows, size_t(hh / group) * D, D, scale, visible[i].data(),
-                visible[i].size(), att.data() + i * Q + hh * D);
+      const size_t i = it / hp.n_head_kv;
+      const int kvh = int(it % hp.n_head_kv);
+      visible.cells(i, il, kvh, cells);
+      for (int hh = kvh * group; hh < (kvh + 1) * group; ++hh)
+        attention(q.data() + i * Q + hh * D, rows, size_t(kvh) * D, D, scale, cells.data(), cells.size(),
+                  att.data() + i * Q + hh * D);
     }
   };
-  if (items * visible.back().size() * D < 32768) work(0, items);
+  if (items * size_t(kv_.used()) * group * D < 32768) work(0, items);
   else pool_->parallel_for(items, work);
 
   matmul(w.wo, att.data(), n, proj.data(), *pool_);

@@ -10,7 +10,9 @@
 #include "specmesh/kernels/thread_pool.hpp"
 #include "specmesh/model/batch.hpp"
 #include "specmesh/model/kv_cache.hpp"
+#include "specmesh/model/kv_view.hpp"
 #include "specmesh/model/model.hpp"
+#include "specmesh/model/visibility.hpp"
 
 namespace specmesh {
 
@@ -57,14 +59,17 @@ class Context {
   // The work forward(batch) does on this context's layers, for device timing models.
   WorkCost cost(const Batch& batch) const;
 
+  // Attention of tokens in sequence `seq` reads the cells `view` selects (nullptr: every
+  // visible cell, the default). A token in several sequences uses the lowest one's view.
+  void set_view(int seq, std::shared_ptr<const KvView> view);
+
   // Stops a forward pass between layers (checked before each layer): returns true to abort.
   // An aborted pass throws ForwardCancelled; cells it claimed stay labelled and must be
   // removed by the caller's sequence operation.
   void set_cancel_check(std::function<bool()> check) { cancel_check_ = std::move(check); }
 
  private:
-  void layer(int il, const Batch& batch, const std::vector<int32_t>& slots,
-             const std::vector<std::vector<int32_t>>& visible, float* x);
+  void layer(int il, const Batch& batch, const std::vector<int32_t>& slots, const Visibility& visible, float* x);
 
   const Model& model_;
   std::unique_ptr<ThreadPool> own_pool_;
@@ -72,6 +77,7 @@ class Context {
   int begin_, end_;
   KvCache kv_;
   std::vector<int> capture_;
+  KvViews views_;
   std::function<bool()> cancel_check_;
 };
 

@@ -7,15 +7,6 @@
 
 namespace specmesh {
 
-const char* arch_name(Arch a) {
-  switch (a) {
-    case Arch::Llama: return "llama";
-    case Arch::Qwen2: return "qwen2";
-    case Arch::Qwen3: return "qwen3";
-  }
-  return "?";
-}
-
 std::unique_ptr<Model> Model::load(const std::string& path, const std::string& tokenizer_path) {
   std::unique_ptr<Model> m(new Model());
   m->path_ = path;
@@ -47,10 +38,9 @@ void Model::load_gguf(const std::string& path) {
   auto fail = [&](const std::string& what) -> void { throw FormatError(path + ": " + what); };
 
   std::string arch = f.get_string("general.architecture").value_or("");
-  if (arch == "llama") hp_.arch = Arch::Llama;
-  else if (arch == "qwen2") hp_.arch = Arch::Qwen2;
-  else if (arch == "qwen3") hp_.arch = Arch::Qwen3;
-  else fail("unsupported architecture '" + arch + "' (llama, qwen2 and qwen3 are)");
+  const ArchSpec* spec = find_arch(arch);
+  if (!spec) fail("unsupported architecture '" + arch + "' (supported: " + arch_names() + ")");
+  hp_.arch = spec->arch;
 
   auto req = [&](const std::string& key) -> int {
     auto v = f.get_int(arch + "." + key);
@@ -68,7 +58,7 @@ void Model::load_gguf(const std::string& path) {
   hp_.n_rot = f.get_int(arch + ".rope.dimension_count") ? req("rope.dimension_count") : hp_.head_dim;
   hp_.rms_eps = static_cast<float>(f.get_float(arch + ".attention.layer_norm_rms_epsilon").value_or(1e-5));
   hp_.rope_theta = static_cast<float>(f.get_float(arch + ".rope.freq_base").value_or(10000.0));
-  hp_.rope = hp_.arch == Arch::Llama ? RopeStyle::Interleaved : RopeStyle::Neox;
+  hp_.rope = spec->rope;
   if (hp_.n_head % hp_.n_head_kv != 0) fail("head_count is not a multiple of head_count_kv");
   if (hp_.n_rot > hp_.head_dim || hp_.n_rot % 2) fail("rope.dimension_count must be even and at most the head size");
 
@@ -110,7 +100,7 @@ void Model::load_gguf(const std::string& path) {
   const GgufTensorInfo* emb = f.tensor("token_embd.weight");
   if (!emb) fail("missing tensor 'token_embd.weight'");
   hp_.n_vocab = static_cast<int>(emb->ne[1]);
-  const int E = hp_.n_embd, V = hp_.n_vocab, D = hp_.head_dim;
+  const int E = hp_.n_embd, V = hp_.n_vocab;
   tok_embd = matrix("token_embd.weight", E, V);
   output_norm = vec("output_norm.weight", E);
   output = f.tensor("output.weight") ? matrix("output.weight", E, V) : tok_embd;  // tied when absent
@@ -124,15 +114,7 @@ void Model::load_gguf(const std::string& path) {
     l.wk = matrix(p + "attn_k.weight", E, hp_.kv_dim());
     l.wv = matrix(p + "attn_v.weight", E, hp_.kv_dim());
     l.wo = matrix(p + "attn_output.weight", hp_.q_dim(), E);
-    if (hp_.arch == Arch::Qwen2) {
-      l.bq = vec(p + "attn_q.bias", hp_.q_dim());
-      l.bk = vec(p + "attn_k.bias", hp_.kv_dim());
-      l.bv = vec(p + "attn_v.bias", hp_.kv_dim());
-    }
-    if (hp_.arch == Arch::Qwen3) {
-      l.q_norm = vec(p + "attn_q_norm.weight", D);
-      l.k_norm = vec(p + "attn_k_norm.weight", D);
-    }
+    spec->load_layer([&](const std::string& name, int64_t n) { return vec(name, n); }, p, hp_, l);
     l.ffn_norm = vec(p + "ffn_norm.weight", E);
     l.w_gate = matrix(p + "ffn_gate.weight", E, hp_.n_ff);
     l.w_up = matrix(p + "ffn_up.weight", E, hp_.n_ff);
@@ -162,7 +144,7 @@ void Model::load_llama2c(const std::string& path, const std::string& tokenizer_p
     fail("not a GGUF file and not a valid llama2.c checkpoint header");
   const int head = dim / n_heads, kv_dim = n_kv * head;
 
-  hp_.arch = Arch::Llama;
+  hp_.arch = kLlamaArch.arch;
   hp_.n_vocab = vocab;
   hp_.n_embd = dim;
   hp_.n_layer = n_layers;
@@ -174,7 +156,7 @@ void Model::load_llama2c(const std::string& path, const std::string& tokenizer_p
   hp_.n_rot = head;
   hp_.rms_eps = 1e-5f;
   hp_.rope_theta = 10000.0f;
-  hp_.rope = RopeStyle::Interleaved;
+  hp_.rope = kLlamaArch.rope;
 
   const size_t L = n_layers;
   const size_t floats = size_t(vocab) * dim + L * dim + L * dim * dim + 2 * L * dim * kv_dim + L * dim * dim + L * dim +

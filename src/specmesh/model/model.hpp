@@ -8,14 +8,12 @@
 #include "specmesh/formats/mapped_file.hpp"
 #include "specmesh/kernels/matmul.hpp"
 #include "specmesh/kernels/ops.hpp"
+#include "specmesh/model/arch.hpp"
 #include "specmesh/tokenizer/tokenizer.hpp"
 
 namespace specmesh {
 
 class GgufFile;
-
-enum class Arch { Llama, Qwen2, Qwen3 };
-const char* arch_name(Arch a);
 
 struct HParams {
   Arch arch = Arch::Llama;
@@ -36,7 +34,8 @@ struct HParams {
   int kv_dim() const { return n_head_kv * head_dim; }
 };
 
-// A 1-D tensor (norm weights, biases) is always F32 after loading.
+// A 1-D tensor (norm weights, biases) is always F32 after loading. The architecture-specific
+// ones are loaded and applied by the layer's ArchSpec (model/arch_*.cpp).
 struct LayerWeights {
   const float* attn_norm = nullptr;
   WeightView wq{}, wk{}, wv{}, wo{};

@@ -1,0 +1,56 @@
+// KV views: which of the cells a query may see attention actually reads, per layer and KV
+// head. The cache and the mask decide what is visible (sequences, positions, tree spans); a
+// view narrows that, so long-context methods (a StreamingLLM sink + recent window, a retrieval
+// cache of chosen chunks) select cells without a fork of the attention code or a copy of the
+// cache. A Context holds one view per sequence; a token reads through the view of the lowest
+// sequence it belongs to that has one, and through all its visible cells otherwise.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "specmesh/model/kv_cache.hpp"
+
+namespace specmesh {
+
+class KvView {
+ public:
+  virtual ~KvView() = default;
+  // `cells`: what the query at `query_pos` may see, in cell order. Keep those this view reads
+  // for (layer, kv_head), in the same order. A view keeps the query's own cell.
+  virtual void select(const KvCache& kv, int layer, int kv_head, int32_t query_pos,
+                      std::vector<int32_t>& cells) const = 0;
+  // Whether select depends on kv_head (the head then builds a list per KV head).
+  virtual bool per_head() const { return false; }
+};
+
+// StreamingLLM: the first `sink` positions and the `recent` positions up to the query's.
+class SinkWindowView final : public KvView {
+ public:
+  SinkWindowView(int32_t sink, int32_t recent) : sink_(sink), recent_(recent) {}
+  void select(const KvCache& kv, int layer, int kv_head, int32_t query_pos, std::vector<int32_t>& cells) const override;
+
+ private:
+  int32_t sink_, recent_;
+};
+
+// A retrieval cache: per layer and KV head a set of chunks (chunk c holds positions
+// [c * chunk, (c + 1) * chunk)), plus every position from `fresh_from` on (tokens written
+// after the chunks were chosen).
+class ChunkView final : public KvView {
+ public:
+  // chunks[(layer - layer_begin) * n_kv_head + kv_head]: chunk ids, any order.
+  ChunkView(int32_t chunk, int layer_begin, int n_kv_head, std::vector<std::vector<int32_t>> chunks,
+            int32_t fresh_from);
+  void select(const KvCache& kv, int layer, int kv_head, int32_t query_pos, std::vector<int32_t>& cells) const override;
+  bool per_head() const override { return true; }
+
+ private:
+  int32_t chunk_;
+  int layer_begin_, n_kv_head_;
+  std::vector<std::vector<uint8_t>> chosen_;  // per (layer, head): chosen_[c] != 0
+  int32_t fresh_from_;
+};
+
+}  // namespace specmesh
