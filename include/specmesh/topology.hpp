@@ -51,6 +51,18 @@ struct StageSpec {
   int line = 0;           // for error messages
 };
 
+// A strategy parameter's value: a number (ints and bools as numbers, true = 1) or a list of
+// integers (a tree's children per depth, "1,1,3"). `params["n_draft"] = 8` and
+// `params["tree"] = std::vector<int>{1, 1, 3}` both work.
+struct ParamValue {
+  double number = 0;
+  std::vector<int> list;
+  bool is_list = false;
+  ParamValue(double v = 0) : number(v) {}
+  ParamValue(std::vector<int> l) : list(std::move(l)), is_list(true) {}
+  friend bool operator==(const ParamValue&, const ParamValue&) = default;
+};
+
 struct RunSpec {
   std::string model;             // the target the head generates with (role "target")
   std::string strategy;          // a registered strategy; empty: the default for the roles present
@@ -63,7 +75,7 @@ struct RunSpec {
   float top_p = 1.0f;
   float min_p = 0.0f;
   uint64_t seed = 0;
-  std::map<std::string, double> params;  // strategy parameters, checked against its schema
+  std::map<std::string, ParamValue> params;  // strategy parameters, checked against its schema
   std::string metrics_csv;               // append one row of metrics per generation
 };
 

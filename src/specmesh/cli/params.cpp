@@ -27,7 +27,7 @@ void ParamOptions::add_to(CLI::App& cmd) {
     if (p.type == ParamType::Bool) {
       auto seen = std::make_shared<bool>(false);
       switched_[p.name] = seen;
-      cmd.add_flag(names, *seen, p.help + " (sets " + p.name + " = " + format_value(p, p.fallback != 0 ? 0 : 1) + ")");
+      cmd.add_flag(names, *seen, p.help + " (sets " + p.name + " = " + format_value(p, ParamValue(p.fallback != 0 ? 0.0 : 1.0)) + ")");
     } else {
       auto v = std::make_shared<std::string>();
       aliased_[p.name] = v;
@@ -36,8 +36,8 @@ void ParamOptions::add_to(CLI::App& cmd) {
   }
 }
 
-std::map<std::string, double> ParamOptions::values(const CLI::App& cmd) const {
-  std::map<std::string, double> out;
+std::map<std::string, ParamValue> ParamOptions::values(const CLI::App& cmd) const {
+  std::map<std::string, ParamValue> out;
   auto put = [&](const std::string& key, const std::string& text, const std::string& where) {
     const ParamSpec& spec = spec_of(key);
     std::string why;
@@ -48,7 +48,7 @@ std::map<std::string, double> ParamOptions::values(const CLI::App& cmd) const {
   for (const auto& [name, v] : aliased_)
     if (cmd.count(first_flag_.at(name)) > 0) put(name, *v, first_flag_.at(name));
   for (const auto& [name, seen] : switched_)
-    if (*seen) out[name] = spec_of(name).fallback != 0 ? 0 : 1;
+    if (*seen) out[name] = spec_of(name).fallback != 0 ? 0.0 : 1.0;
   for (const std::string& kv : pairs_) {
     const size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) throw std::invalid_argument("--param " + kv + ": expected KEY=VALUE");

@@ -10,15 +10,17 @@
 
 #include <CLI/CLI.hpp>
 
+#include "specmesh/topology.hpp"
+
 namespace specmesh {
 
 class ParamOptions {
  public:
   // Adds --param and every parameter's flags to `cmd`.
   void add_to(CLI::App& cmd);
-  // The parameters given, as numbers; throws std::invalid_argument naming a malformed or
+  // The parameters given, checked against their specs; throws std::invalid_argument naming a malformed or
   // unknown one (unknown to every strategy; the chosen strategy checks its own set later).
-  std::map<std::string, double> values(const CLI::App& cmd) const;
+  std::map<std::string, ParamValue> values(const CLI::App& cmd) const;
 
  private:
   std::vector<std::string> pairs_;                                   // --param key=value

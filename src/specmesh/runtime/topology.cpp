@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <climits>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -55,6 +56,39 @@ T get(const Errors& e, const toml::table& t, const std::string& prefix, const st
 void check_keys(const Errors& e, const toml::table& t, const std::string& prefix, std::set<std::string> allowed) {
   for (const auto& [k, v] : t)
     if (!allowed.count(std::string(k.str()))) e.fail(&v, prefix + std::string(k.str()), "unknown key");
+}
+
+// A [run.params] value: a number, true/false, or a list of integers (an array, or a string
+// such as "1,1,3"); the strategy's schema checks it later.
+ParamValue param_value(const Errors& e, const toml::node& v, const std::string& key) {
+  if (auto b = v.value<bool>(); b && v.is_boolean()) return ParamValue(*b ? 1.0 : 0.0);
+  if (auto d = v.value<double>()) return ParamValue(*d);
+  const char* expected = "expected a number, true/false, or a list of integers";
+  std::vector<int> list;
+  if (const toml::array* a = v.as_array()) {
+    for (const toml::node& x : *a) {
+      auto i = x.value<int64_t>();
+      if (!i || !x.is_integer() || *i < INT32_MIN || *i > INT32_MAX) e.fail(&x, key, "expected integers in the list");
+      list.push_back(int(*i));
+    }
+    return ParamValue(std::move(list));
+  }
+  if (auto text = v.value<std::string>()) {
+    std::stringstream in(*text);
+    for (std::string item; std::getline(in, item, ',');) {
+      size_t used = 0;
+      int x = 0;
+      try {
+        x = std::stoi(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != item.size()) e.fail(&v, key, std::string(expected) + ", not \"" + *text + "\"");
+      list.push_back(x);
+    }
+    return ParamValue(std::move(list));
+  }
+  e.fail(&v, key, expected);
 }
 
 const toml::table& table_at(const Errors& e, const toml::node& n, const std::string& key) {
@@ -147,9 +181,7 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
       line_of(p, "run.params");
       for (const auto& [k, v] : table_at(e, *p, "run.params")) {
         const std::string key = "run.params." + std::string(k.str());
-        std::optional<double> d = v.is_boolean() ? std::optional<double>(*v.value<bool>() ? 1.0 : 0.0) : v.value<double>();
-        if (!d) e.fail(&v, key, "expected a number or true/false");
-        s.params[std::string(k.str())] = *d;
+        s.params[std::string(k.str())] = param_value(e, v, key);
         line_of(&v, key);
       }
     }

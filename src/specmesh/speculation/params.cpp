@@ -12,66 +12,125 @@ const char* to_string(ParamType t) {
     case ParamType::Int: return "int";
     case ParamType::Float: return "float";
     case ParamType::Bool: return "bool";
+    case ParamType::IntList: return "int list";
   }
   return "?";
 }
 
-double StrategyParams::number(const std::string& name) const {
+ParamValue ParamSpec::default_value() const {
+  if (type == ParamType::IntList) return ParamValue(fallback_list);
+  return ParamValue(fallback);
+}
+
+const ParamValue& StrategyParams::at(const std::string& name) const {
   auto it = values_.find(name);
   if (it == values_.end()) throw std::out_of_range("strategy parameter '" + name + "' is not set");
   return it->second;
 }
 
-std::string format_value(const ParamSpec& spec, double v) {
-  if (spec.type == ParamType::Bool) return v != 0 ? "true" : "false";
-  if (spec.type == ParamType::Int) return std::to_string(int64_t(v));
+double StrategyParams::number(const std::string& name) const { return at(name).number; }
+const std::vector<int>& StrategyParams::list(const std::string& name) const { return at(name).list; }
+
+namespace {
+std::string format_number(ParamType t, double v) {
+  if (t == ParamType::Bool) return v != 0 ? "true" : "false";
+  if (t == ParamType::Int || t == ParamType::IntList) return std::to_string(int64_t(v));
   std::ostringstream s;
   s << v;
   return s.str();
 }
+}  // namespace
+
+std::string format_value(const ParamSpec& spec, const ParamValue& v) {
+  if (spec.type != ParamType::IntList) return format_number(spec.type, v.number);
+  std::string out;
+  for (int x : v.list) out += (out.empty() ? "" : ",") + std::to_string(x);
+  return out.empty() ? "none" : out;
+}
 
 std::string describe(const ParamSpec& spec) {
   std::string d = spec.name + " (" + to_string(spec.type);
-  if (spec.type != ParamType::Bool) d += ", " + format_value(spec, spec.min) + ".." + format_value(spec, spec.max);
-  return d + ", default " + format_value(spec, spec.fallback) + ")";
+  if (spec.type != ParamType::Bool) d += ", " + format_number(spec.type, spec.min) + ".." + format_number(spec.type, spec.max);
+  if (spec.type == ParamType::IntList) d += " each, at most " + std::to_string(spec.max_len);
+  return d + ", default " + format_value(spec, spec.default_value()) + ")";
 }
 
-std::optional<double> check_param(const ParamSpec& spec, double v, bool integral, std::string* why) {
-  auto fail = [&](const std::string& w) -> std::optional<double> {
+std::optional<ParamValue> check_param(const ParamSpec& spec, const ParamValue& value, bool integral, std::string* why) {
+  auto fail = [&](const std::string& w) -> std::optional<ParamValue> {
     if (why) *why = w;
     return std::nullopt;
   };
+  auto in_range = [&](double v) -> std::optional<std::string> {
+    if (v < spec.min || v > spec.max)
+      return "must be between " + format_number(spec.type, spec.min) + " and " + format_number(spec.type, spec.max) +
+             ", not " + format_number(spec.type, v);
+    return std::nullopt;
+  };
+  if (spec.type == ParamType::IntList) {
+    if (!value.is_list) return fail("expected a list of integers such as 1,1,3");
+    if (value.list.empty()) return fail("must not be empty");
+    if (value.list.size() > spec.max_len)
+      return fail("has " + std::to_string(value.list.size()) + " entries, at most " + std::to_string(spec.max_len) + " are allowed");
+    for (size_t i = 0; i < value.list.size(); ++i)
+      if (auto bad = in_range(value.list[i])) return fail("entry " + std::to_string(i + 1) + " " + *bad);
+    return value;
+  }
+  if (value.is_list) return fail("expected a single value, not a list");
+  const double v = value.number;
   if (!std::isfinite(v)) return fail("must be a finite number");
   switch (spec.type) {
     case ParamType::Bool:
       if (v != 0 && v != 1) return fail("expected true or false");
-      return v;
+      return value;
     case ParamType::Int:
       if (!integral && v != std::floor(v)) return fail("expected an integer");
       break;
-    case ParamType::Float: break;
+    case ParamType::Float:
+    case ParamType::IntList: break;
   }
-  if (v < spec.min || v > spec.max)
-    return fail("must be between " + format_value(spec, spec.min) + " and " + format_value(spec, spec.max) + ", not " +
-                format_value(spec, v));
-  return v;
+  if (auto bad = in_range(v)) return fail(*bad);
+  return value;
 }
 
-std::optional<double> parse_param(const ParamSpec& spec, const std::string& text, std::string* why) {
-  if (spec.type == ParamType::Bool) {
-    if (text == "true" || text == "1" || text == "on" || text == "yes") return 1.0;
-    if (text == "false" || text == "0" || text == "off" || text == "no") return 0.0;
-    if (why) *why = "expected true or false, not '" + text + "'";
-    return std::nullopt;
+std::optional<ParamValue> parse_param(const ParamSpec& spec, const std::string& text, std::string* why) {
+  auto number = [&](const std::string& t, const char* expected) -> std::optional<double> {
+    const char* b = t.c_str();
+    char* e = nullptr;
+    const double v = std::strtod(b, &e);
+    if (t.empty() || e != b + t.size()) {
+      if (why) *why = std::string("expected ") + expected + ", not '" + text + "'";
+      return std::nullopt;
+    }
+    return v;
+  };
+  switch (spec.type) {
+    case ParamType::Bool:
+      if (text == "true" || text == "1" || text == "on" || text == "yes") return ParamValue(1.0);
+      if (text == "false" || text == "0" || text == "off" || text == "no") return ParamValue(0.0);
+      if (why) *why = "expected true or false, not '" + text + "'";
+      return std::nullopt;
+    case ParamType::IntList: {
+      std::vector<int> list;
+      size_t at = 0;
+      while (at <= text.size()) {
+        const size_t comma = std::min(text.find(',', at), text.size());
+        auto v = number(text.substr(at, comma - at), "integers separated by commas, such as 1,1,3");
+        if (!v) return std::nullopt;
+        if (*v != std::floor(*v) || std::fabs(*v) > 1e9) {
+          if (why) *why = "expected integers separated by commas, not '" + text + "'";
+          return std::nullopt;
+        }
+        list.push_back(int(*v));
+        at = comma + 1;
+      }
+      return check_param(spec, ParamValue(std::move(list)), true, why);
+    }
+    case ParamType::Int:
+    case ParamType::Float: break;
   }
-  const char* b = text.c_str();
-  char* e = nullptr;
-  const double v = std::strtod(b, &e);
-  if (text.empty() || e != b + text.size()) {
-    if (why) *why = std::string("expected ") + (spec.type == ParamType::Int ? "an integer" : "a number") + ", not '" + text + "'";
-    return std::nullopt;
-  }
-  return check_param(spec, v, false, why);
+  auto v = number(text, spec.type == ParamType::Int ? "an integer" : "a number");
+  if (!v) return std::nullopt;
+  return check_param(spec, ParamValue(*v), false, why);
 }
 
 }  // namespace specmesh

@@ -25,9 +25,9 @@ const ParamSpec* StrategyInfo::param(const std::string& key) const {
   return nullptr;
 }
 
-StrategyParams StrategyInfo::resolve(const std::map<std::string, double>& given) const {
-  std::map<std::string, double> values;
-  for (const ParamSpec& p : params) values[p.name] = p.fallback;
+StrategyParams StrategyInfo::resolve(const std::map<std::string, ParamValue>& given) const {
+  std::map<std::string, ParamValue> values;
+  for (const ParamSpec& p : params) values[p.name] = p.default_value();
   for (const auto& [k, v] : given) {
     const ParamSpec* p = param(k);
     if (!p) {
@@ -100,9 +100,9 @@ std::string strategies_markdown() {
       if (s.param(p.name)) users.push_back(s.name);
     for (const auto& f : p.flags) flags.push_back("`" + f + "`");
     const std::string range =
-        p.type == ParamType::Bool ? "" : format_value(p, p.min) + " – " + format_value(p, p.max);
+        p.type == ParamType::Bool ? "" : format_value(p, ParamValue(p.min)) + " – " + format_value(p, ParamValue(p.max));
     o << "| `" << p.name << "` | " << join(users, ", ") << " | " << to_string(p.type) << " | " << range << " | "
-      << format_value(p, p.fallback) << " | " << join(flags, " ") << " | " << p.help << " |\n";
+      << format_value(p, p.default_value()) << " | " << join(flags, " ") << " | " << p.help << " |\n";
   }
   return o.str();
 }

@@ -28,7 +28,7 @@ struct StrategyInfo {
   const ParamSpec* param(const std::string& key) const;
   // Defaults for everything not given; throws std::invalid_argument naming an unknown key
   // or a value out of its range.
-  StrategyParams resolve(const std::map<std::string, double>& given) const;
+  StrategyParams resolve(const std::map<std::string, ParamValue>& given) const;
 };
 
 // Every registered strategy, in registration order.
