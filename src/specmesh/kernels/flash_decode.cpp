@@ -103,17 +103,15 @@ void decode_heads(const float* q, int n_q, int group, const KvRows& kv, size_t k
 
   // Slots 0, 1 and 3.. hold keys; the sink and window come first so they finish first.
   const size_t computed = plan.n_slots() - 1;
-  const bool threaded = use_pool(pool, n * size_t(n_q) * size_t(D));
-  run_each(computed, threaded && computed > 1, pool, [&](size_t i) {
+  run_each(computed, use_pool(pool, n * size_t(n_q) * size_t(D)) && computed > 1, pool, [&](size_t i) {
     const size_t slot = i < 2 ? i : i + 1;
     size_t b, e;
     plan.slot_keys(slot, b, e);
     flash_partial(q, n_q, group, kv, kv_off, scale, cells + b, e - b, parts, slot);
   });
 
-  const size_t merge_work = plan.n_slots() * size_t(n_q) * size_t(D);
-  run_each(size_t(n_q), threaded && n_q > 1 && merge_work >= kSmallWork, pool, [&](size_t hh) {
-    const int h = int(hh);
+  // The merge is a few percent of the work; a second pool wake-up costs more under load.
+  for (int h = 0; h < n_q; ++h) {
     const size_t a = parts.at(2, h);
     flash_combine(parts, 0, 2, h, parts.o_at(2, h), parts.m[a], parts.l[a]);
     if (spec != nullptr) normalise(parts.o_at(2, h), parts.l[a], D, spec + size_t(h) * D);
@@ -121,7 +119,7 @@ void decode_heads(const float* q, int n_q, int group, const KvRows& kv, size_t k
     float m, l;
     flash_combine(parts, 2, plan.n_slots(), h, out, m, l);
     normalise(out, l, D, out);
-  });
+  }
 }
 
 void check_shape(const HeadShape& hs) {
