@@ -67,7 +67,7 @@ const Data& data() {
 }
 
 enum class Variant { Plain, Spec, Sequential };
-const char* name(Variant v) { return v == Variant::Plain ? "plain" : v == Variant::Spec ? "spec" : "sequential"; }
+const char* name(Variant v) { return v == Variant::Plain ? "plain" : v == Variant::Spec ? "speculative" : "sequential"; }
 
 struct Outputs {
   std::vector<float> full = std::vector<float>(size_t(kShape.n_head) * kShape.head_dim);
