@@ -1,0 +1,188 @@
+// Speculative flash decode (ALSpec: full + speculative output + fused lambda check) against the
+// same kernel without speculation, for one decode token of one layer with the Llama-3.1-8B
+// attention shape (32 query heads, 8 KV heads, head_dim 128, fp32 KV), at 4K-32K context and
+// 1 and 2 threads. "sequential" is textbook flash decode for reference: the same partial and
+// combine routines over chunks [0, n) in order, without the sink/window layout.
+//
+// After the Google Benchmark runs, the three variants are timed again interleaved, round by
+// round, and the table gives median times and the median per-round ratio, so the ratios come
+// from the same run under the same load. SPECMESH_BENCH_ROUNDS sets the rounds (default 15).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "specmesh/kernels/flash_decode.hpp"
+#include "specmesh/kernels/matmul.hpp"
+#include "specmesh/kernels/thread_pool.hpp"
+
+namespace {
+
+using namespace specmesh;
+
+constexpr HeadShape kShape{32, 8, 128};
+constexpr size_t kContexts[] = {4096, 8192, 16384, 32768};
+constexpr size_t kMaxContext = 32768;
+
+ThreadPool& pool(int n) {
+  static std::map<int, std::unique_ptr<ThreadPool>> pools;
+  auto& p = pools[n];
+  if (!p) p = std::make_unique<ThreadPool>(n);
+  return *p;
+}
+
+// One layer's KV cache at the largest context (shorter contexts use its first rows) and one
+// token's queries.
+struct Data {
+  size_t stride = size_t(kShape.n_head_kv) * kShape.head_dim;
+  std::vector<float> k, v, q;
+  std::vector<int32_t> cells;
+  float scale = 1.0f / std::sqrt(float(kShape.head_dim));
+  KvRows kv() const { return KvRows{k.data(), v.data(), stride}; }
+};
+
+const Data& data() {
+  static const Data d = [] {
+    Data d;
+    std::mt19937 rng(3);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    d.k.resize(kMaxContext * d.stride);
+    d.v.resize(kMaxContext * d.stride);
+    d.q.resize(size_t(kShape.n_head) * kShape.head_dim);
+    for (auto* vec : {&d.k, &d.v, &d.q})
+      for (auto& x : *vec) x = g(rng);
+    d.cells.resize(kMaxContext);
+    std::iota(d.cells.begin(), d.cells.end(), 0);
+    return d;
+  }();
+  return d;
+}
+
+enum class Variant { Plain, Spec, Sequential };
+const char* name(Variant v) { return v == Variant::Plain ? "plain" : v == Variant::Spec ? "speculative" : "sequential"; }
+
+struct Outputs {
+  std::vector<float> full = std::vector<float>(size_t(kShape.n_head) * kShape.head_dim);
+  std::vector<float> spec = full;
+  FlashPartials parts;
+};
+
+void sequential(const Data& d, size_t n, ThreadPool& tp, Outputs& out) {
+  const size_t chunk = FlashLayout{}.chunk, slots = (n + chunk - 1) / chunk;
+  const int group = kShape.n_head / kShape.n_head_kv, D = kShape.head_dim;
+  out.parts.reset(slots, kShape.n_head, D);
+  tp.run([&](int ith, int nth) {
+    for (size_t s = slots * size_t(ith) / size_t(nth); s < slots * size_t(ith + 1) / size_t(nth); ++s) {
+      const size_t b = s * chunk, e = std::min(n, b + chunk);
+      flash_partial(d.q.data(), kShape.n_head, group, d.kv(), 0, d.scale, d.cells.data() + b, e - b, out.parts, s);
+    }
+  });
+  for (int h = 0; h < kShape.n_head; ++h) {
+    float* o = out.full.data() + size_t(h) * D;
+    float m, l;
+    flash_combine(out.parts, 0, slots, h, o, m, l);
+    for (int i = 0; i < D; ++i) o[i] /= l;
+  }
+}
+
+void run_once(Variant v, size_t n, ThreadPool& tp, Outputs& out) {
+  const Data& d = data();
+  switch (v) {
+    case Variant::Plain:
+      flash_decode(d.q.data(), kShape, d.scale, d.kv(), d.cells.data(), n, out.full.data(), FlashLayout{}, &tp);
+      break;
+    case Variant::Spec: {
+      const SpecCheck c = speculative_flash_decode(d.q.data(), kShape, d.scale, d.kv(), d.cells.data(), n,
+                                                   out.full.data(), out.spec.data(), SpecConfig{}, &tp);
+      benchmark::DoNotOptimize(c);
+      break;
+    }
+    case Variant::Sequential:
+      sequential(d, n, tp, out);
+      break;
+  }
+  benchmark::DoNotOptimize(out.full.data());
+  benchmark::ClobberMemory();
+}
+
+void bench(benchmark::State& state, Variant v, size_t n, int threads) {
+  ThreadPool& tp = pool(threads);
+  Outputs out;
+  for (auto _ : state) run_once(v, n, tp, out);
+  const double kv_bytes = 2.0 * double(n) * double(data().stride) * sizeof(float);
+  state.counters["GB/s"] = benchmark::Counter(double(state.iterations()) * kv_bytes / 1e9, benchmark::Counter::kIsRate);
+  state.SetLabel(matmul_isa());
+}
+
+double median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  return x[x.size() / 2];
+}
+
+// Interleaved timing: each round runs every variant once, in an order that rotates per round.
+void ratio_table() {
+  const char* env = std::getenv("SPECMESH_BENCH_ROUNDS");
+  const int rounds = std::max(3, env != nullptr ? std::atoi(env) : 15);
+  const Variant variants[] = {Variant::Plain, Variant::Spec, Variant::Sequential};
+  std::printf("\nspeculative flash decode overhead, %d/%d heads, head_dim %d, S = chunk = %zu, %s, %d rounds\n",
+              kShape.n_head, kShape.n_head_kv, kShape.head_dim, FlashLayout{}.spec_len, matmul_isa(), rounds);
+  std::printf("%8s %7s %10s %10s %10s %11s %11s\n", "context", "threads", "plain ms", "spec ms", "seq ms",
+              "spec/plain", "spec/seq");
+  Outputs out;
+  for (int threads : {1, 2}) {
+    ThreadPool& tp = pool(threads);
+    for (size_t n : kContexts) {
+      std::map<Variant, std::vector<double>> ms;
+      std::vector<double> r_plain, r_seq;
+      for (Variant v : variants) run_once(v, n, tp, out);  // warm-up
+      for (int r = 0; r < rounds; ++r) {
+        std::map<Variant, double> t;
+        for (int i = 0; i < 3; ++i) {
+          const Variant v = variants[(i + r) % 3];
+          const auto t0 = std::chrono::steady_clock::now();
+          run_once(v, n, tp, out);
+          t[v] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+          ms[v].push_back(t[v]);
+        }
+        r_plain.push_back(t[Variant::Spec] / t[Variant::Plain]);
+        r_seq.push_back(t[Variant::Spec] / t[Variant::Sequential]);
+      }
+      std::printf("%8zu %7d %10.3f %10.3f %10.3f %11.3f %11.3f\n", n, threads, median(ms[Variant::Plain]),
+                  median(ms[Variant::Spec]), median(ms[Variant::Sequential]), median(r_plain), median(r_seq));
+    }
+  }
+}
+
+void register_all() {
+  for (Variant v : {Variant::Plain, Variant::Spec, Variant::Sequential})
+    for (int threads : {1, 2})
+      for (size_t n : kContexts)
+        benchmark::RegisterBenchmark(
+            (std::string("flash_decode/") + name(v) + "/ctx:" + std::to_string(n) + "/threads:" + std::to_string(threads))
+                .c_str(),
+            [=](benchmark::State& s) { bench(s, v, n, threads); })
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  data();  // fill the cache before anything is timed
+  benchmark::RunSpecifiedBenchmarks();
+  ratio_table();
+  benchmark::Shutdown();
+  return 0;
+}

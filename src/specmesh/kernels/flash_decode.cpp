@@ -1,0 +1,245 @@
+#include "specmesh/kernels/flash_decode.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "specmesh/kernels/matmul.hpp"
+#include "specmesh/kernels/thread_pool.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define SPECMESH_HAVE_AVX2_TU 1
+#endif
+
+namespace specmesh {
+
+namespace {
+
+size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+// Portable path: a fixed summation order per head, the same for any head grouping.
+float dot_scalar(const float* a, const float* b, int n) {
+  float s[8] = {};
+  for (int i = 0; i < n; ++i) s[i & 7] += a[i] * b[i];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+void partial_scalar(const detail::PartialJob& j) {
+  const int D = j.head_dim;
+  const size_t ld = round_up(j.count, 8);
+  for (size_t t = 0; t < j.count; ++t) {
+    const float* krow = j.kv->k + size_t(j.cells[t]) * j.kv->row_stride + j.kv_off;
+    for (int h = 0; h < j.n_q; ++h)
+      j.scores[h * ld + t] = dot_scalar(j.q + size_t(h) * D, krow + size_t(h / j.group) * D, D) * j.scale;
+  }
+  for (int h = 0; h < j.n_q; ++h) {
+    float* s = j.scores + h * ld;
+    const float m = *std::max_element(s, s + j.count);
+    float l = 0;
+    for (size_t t = 0; t < j.count; ++t) {
+      s[t] = std::exp(s[t] - m);
+      l += s[t];
+    }
+    j.m[h] = m;
+    j.l[h] = l;
+  }
+  std::fill(j.o, j.o + size_t(j.n_q) * D, 0.0f);
+  for (size_t t = 0; t < j.count; ++t) {
+    const float* vrow = j.kv->v + size_t(j.cells[t]) * j.kv->row_stride + j.kv_off;
+    for (int h = 0; h < j.n_q; ++h) {
+      const float w = j.scores[h * ld + t];
+      const float* v = vrow + size_t(h / j.group) * D;
+      float* o = j.o + size_t(h) * D;
+      for (int d = 0; d < D; ++d) o[d] += w * v[d];
+    }
+  }
+}
+
+bool use_avx2() {
+#ifdef SPECMESH_HAVE_AVX2_TU
+  return std::strcmp(matmul_isa(), "avx2") == 0;
+#else
+  return false;
+#endif
+}
+
+// Multiply-adds below which waking the pool costs more than it saves.
+constexpr size_t kSmallWork = size_t(1) << 16;
+
+bool use_pool(ThreadPool* pool, size_t work) { return pool != nullptr && pool->size() > 1 && work >= kSmallWork; }
+
+// Runs fn(i) for i in [0, count): contiguous ranges per thread, or all here.
+template <class Fn>
+void run_each(size_t count, bool threaded, ThreadPool* pool, const Fn& fn) {
+  if (!threaded) {
+    for (size_t i = 0; i < count; ++i) fn(i);
+    return;
+  }
+  pool->run([&](int ith, int nth) {
+    const size_t b = count * size_t(ith) / size_t(nth), e = count * size_t(ith + 1) / size_t(nth);
+    for (size_t i = b; i < e; ++i) fn(i);
+  });
+}
+
+// Writes normalised o / l to out (zeros for an empty partial).
+void normalise(const float* o, float l, int D, float* out) {
+  if (l > 0) {
+    for (int d = 0; d < D; ++d) out[d] = o[d] / l;
+  } else {
+    std::fill(out, out + D, 0.0f);
+  }
+}
+
+// Flash decode of heads q[0..n_q): full output always, speculative output when spec != null.
+void decode_heads(const float* q, int n_q, int group, const KvRows& kv, size_t kv_off, int D, float scale,
+                  const int32_t* cells, size_t n, float* full, float* spec, const FlashLayout& layout,
+                  ThreadPool* pool) {
+  const FlashPlan plan = flash_plan(n, layout);
+  // A named reference, so that pool workers use this thread's buffer and not their own.
+  thread_local FlashPartials tls_parts;
+  FlashPartials& parts = tls_parts;
+  parts.reset(plan.n_slots(), n_q, D);
+
+  // Slots 0, 1 and 3.. hold keys; the sink and window come first so they finish first.
+  const size_t computed = plan.n_slots() - 1;
+  run_each(computed, use_pool(pool, n * size_t(n_q) * size_t(D)) && computed > 1, pool, [&](size_t i) {
+    const size_t slot = i < 2 ? i : i + 1;
+    size_t b, e;
+    plan.slot_keys(slot, b, e);
+    flash_partial(q, n_q, group, kv, kv_off, scale, cells + b, e - b, parts, slot);
+  });
+
+  // The merge is a few percent of the work; a second pool wake-up costs more under load.
+  for (int h = 0; h < n_q; ++h) {
+    const size_t a = parts.at(2, h);
+    flash_combine(parts, 0, 2, h, parts.o_at(2, h), parts.m[a], parts.l[a]);
+    if (spec != nullptr) normalise(parts.o_at(2, h), parts.l[a], D, spec + size_t(h) * D);
+    float* out = full + size_t(h) * D;
+    float m, l;
+    flash_combine(parts, 2, plan.n_slots(), h, out, m, l);
+    normalise(out, l, D, out);
+  }
+}
+
+void check_shape(const HeadShape& hs) {
+  if (hs.n_head <= 0 || hs.n_head_kv <= 0 || hs.head_dim <= 0 || hs.n_head % hs.n_head_kv != 0)
+    throw std::invalid_argument("flash_decode: n_head must be a positive multiple of n_head_kv");
+}
+
+}  // namespace
+
+void FlashPlan::slot_keys(size_t slot, size_t& begin, size_t& end) const {
+  if (slot == 0) {
+    begin = 0, end = sink_end;
+  } else if (slot == 1) {
+    begin = window_begin, end = n;
+  } else if (slot == 2) {
+    begin = end = 0;
+  } else {
+    begin = sink_end + (slot - 3) * chunk;
+    end = std::min(window_begin, begin + chunk);
+  }
+}
+
+FlashPlan flash_plan(size_t n, const FlashLayout& layout) {
+  if (layout.spec_len == 0 || layout.chunk == 0 || layout.tile == 0)
+    throw std::invalid_argument("flash_plan: spec_len, chunk and tile must be positive");
+  const size_t S = layout.spec_len;
+  FlashPlan p;
+  p.n = n;
+  p.chunk = layout.chunk;
+  p.exact = n < 2 * S;
+  p.sink_end = std::min(n, S);
+  // n >= 2S puts P - S at or after S, so sink and window never overlap.
+  p.window_begin = p.exact ? p.sink_end : std::min(n, round_up(n, layout.tile) - S);
+  return p;
+}
+
+void FlashPartials::reset(size_t slots, int nq, int dim) {
+  n_q = nq;
+  head_dim = dim;
+  o.resize(slots * size_t(nq) * size_t(dim));
+  m.resize(slots * size_t(nq));
+  l.resize(slots * size_t(nq));
+}
+
+void flash_partial(const float* q, int n_q, int group, const KvRows& kv, size_t kv_off, float scale,
+                   const int32_t* cells, size_t count, FlashPartials& out, size_t slot) {
+  const int D = out.head_dim;
+  float* o = out.o_at(slot, 0);
+  float* m = out.m.data() + out.at(slot, 0);
+  float* l = out.l.data() + out.at(slot, 0);
+  if (count == 0) {
+    std::fill(o, o + size_t(n_q) * D, 0.0f);
+    std::fill(m, m + n_q, -INFINITY);
+    std::fill(l, l + n_q, 0.0f);
+    return;
+  }
+  thread_local std::vector<float> scores;
+  scores.resize(size_t(n_q) * round_up(count, 8));
+  const detail::PartialJob job{q, n_q, group, &kv, kv_off, D, scale, cells, count, o, m, l, scores.data()};
+#ifdef SPECMESH_HAVE_AVX2_TU
+  if (use_avx2()) return detail::flash_partial_avx2(job);
+#endif
+  partial_scalar(job);
+}
+
+void flash_combine(const FlashPartials& p, size_t s0, size_t s1, int h, float* o, float& m, float& l) {
+  const int D = p.head_dim;
+  m = -INFINITY;
+  for (size_t s = s0; s < s1; ++s)
+    if (p.l[p.at(s, h)] > 0) m = std::max(m, p.m[p.at(s, h)]);
+  l = 0;
+  bool first = true;
+  for (size_t s = s0; s < s1; ++s) {
+    const size_t a = p.at(s, h);
+    if (!(p.l[a] > 0)) continue;  // empty: m = -inf would make e^(m_s - m) NaN
+    const float w = std::exp(p.m[a] - m);
+    const float* os = p.o_at(s, h);
+    // The first term is assigned, not added to zero, so a lone partial passes through bit for bit.
+    if (first) {
+      for (int d = 0; d < D; ++d) o[d] = w * os[d];
+      l = w * p.l[a];
+      first = false;
+    } else {
+      for (int d = 0; d < D; ++d) o[d] += w * os[d];
+      l += w * p.l[a];
+    }
+  }
+  if (first) std::fill(o, o + D, 0.0f);
+}
+
+void flash_decode(const float* q, const HeadShape& hs, float scale, const KvRows& kv, const int32_t* cells,
+                  size_t n, float* out, const FlashLayout& layout, ThreadPool* pool) {
+  check_shape(hs);
+  decode_heads(q, hs.n_head, hs.n_head / hs.n_head_kv, kv, 0, hs.head_dim, scale, cells, n, out, nullptr, layout,
+               pool);
+}
+
+void flash_decode_head(const float* q, const KvRows& kv, size_t kv_off, int head_dim, float scale,
+                       const int32_t* cells, size_t n, float* out, const FlashLayout& layout) {
+  decode_heads(q, 1, 1, kv, kv_off, head_dim, scale, cells, n, out, nullptr, layout, nullptr);
+}
+
+bool spec_accept(float d2, float n2, float lambda) { return d2 < lambda * lambda * n2; }
+
+SpecCheck speculative_flash_decode(const float* q, const HeadShape& hs, float scale, const KvRows& kv,
+                                   const int32_t* cells, size_t n, float* full, float* spec, const SpecConfig& cfg,
+                                   ThreadPool* pool) {
+  check_shape(hs);
+  decode_heads(q, hs.n_head, hs.n_head / hs.n_head_kv, kv, 0, hs.head_dim, scale, cells, n, full, spec, cfg.layout,
+               pool);
+  SpecCheck c;
+  const size_t total = size_t(hs.n_head) * size_t(hs.head_dim);
+  for (size_t i = 0; i < total; ++i) {
+    const float d = spec[i] - full[i];
+    c.d2 += d * d;
+    c.n2 += full[i] * full[i];
+  }
+  c.exact = flash_plan(n, cfg.layout).exact;
+  c.accept = c.exact || spec_accept(c.d2, c.n2, cfg.lambda);
+  return c;
+}
+
+}  // namespace specmesh

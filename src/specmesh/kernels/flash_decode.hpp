@@ -1,0 +1,151 @@
+// Flash decode: attention of one decode token over a long KV list, computed as partials over
+// fixed key ranges and merged once, plus the speculative variant used by ALSpec.
+//
+// A partial over a key range K is (O, m, l) per query head: m = max_{k in K} s_k,
+// l = sum e^(s_k - m), O = sum e^(s_k - m) v_k (unnormalised), with s_k = scale * (q . k_k).
+// The output is O / l of the merge of all partials.
+//
+// Layout. The keys are the entries 0..n-1 of a visible-cell list (for one sequence, positions
+// 0..cur_pos, so n = cur_pos + 1). With S = spec_len and P = roundup(n, tile):
+//   sink   = [0, S)                 first S keys
+//   window = [P - S, P)             the tile-aligned last S; entries >= n are masked out, so
+//                                   it holds between S - tile + 1 and S real keys
+//   middle = [S, P - S)             in chunks of `chunk`, the last one shorter
+// The speculative partial merges sink and window; the full output merges the speculative
+// partial with the middle chunks, so the speculative work is part of the full result.
+// When n < 2S the sink and the window would overlap: then sink = [0, min(n, S)),
+// window = [S, n) and there is no middle, i.e. the speculative output is exact attention.
+//
+// Determinism. The key ranges depend only on n and the layout; each partial is computed by
+// one thread with a fixed order; partials are merged in slot order by one routine. So the
+// result does not depend on the thread count, and plain attention (flash_decode, or
+// attention() per head) gives bit for bit the full output of speculative_flash_decode.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace specmesh {
+
+class ThreadPool;
+
+// Keys and values of one layer: row c holds cell c, n_kv_heads * head_dim values.
+struct KvRows {
+  const float* k;
+  const float* v;
+  size_t row_stride;  // floats between consecutive cells
+};
+
+struct HeadShape {
+  int n_head;     // query heads
+  int n_head_kv;  // KV heads; n_head is a multiple of it (GQA)
+  int head_dim;
+};
+
+struct FlashLayout {
+  size_t spec_len = 128;  // S: sink length and window length
+  size_t chunk = 128;     // length of a middle chunk
+  size_t tile = 32;       // the window ends at n rounded up to this
+};
+
+// Key ranges of one decode step, as indices into the cell list.
+struct FlashPlan {
+  size_t n = 0;
+  size_t chunk = 0;
+  bool exact = false;       // n < 2S: the speculative region is every key
+  size_t sink_end = 0;      // sink keys [0, sink_end)
+  size_t window_begin = 0;  // real window keys [window_begin, n)
+  // Middle keys [sink_end, window_begin) in chunks.
+  size_t n_middle() const { return (window_begin - sink_end + chunk - 1) / chunk; }
+  // Partial slots: 0 sink, 1 window, 2 speculative (merge of 0 and 1), 3.. middle chunks.
+  size_t n_slots() const { return 3 + n_middle(); }
+  // Key range [begin, end) computed into `slot` (empty for slot 2).
+  void slot_keys(size_t slot, size_t& begin, size_t& end) const;
+};
+
+// Throws std::invalid_argument for a zero spec_len, chunk or tile.
+FlashPlan flash_plan(size_t n, const FlashLayout& layout);
+
+// Partials of n_q query heads over a number of slots. Slot s, head h: O at o[(s*n_q + h)*D],
+// m and l at [s*n_q + h]. An empty partial has m = -inf, l = 0, O = 0.
+struct FlashPartials {
+  int n_q = 0;
+  int head_dim = 0;
+  std::vector<float> o, m, l;
+  void reset(size_t slots, int n_q, int head_dim);
+  float* o_at(size_t slot, int h) { return o.data() + (slot * n_q + h) * size_t(head_dim); }
+  const float* o_at(size_t slot, int h) const { return o.data() + (slot * n_q + h) * size_t(head_dim); }
+  size_t at(size_t slot, int h) const { return slot * n_q + h; }
+};
+
+// Writes the partials of query heads q[0..n_q) (head h at q + h*head_dim, reading KV head
+// h / group at offset kv_off + (h / group) * head_dim of each row) over the cells
+// cells[0..count) into `slot` of `out` (which must have n_q heads). Uses the SIMD path that
+// matmul uses (see matmul_isa()).
+void flash_partial(const float* q, int n_q, int group, const KvRows& kv, size_t kv_off, float scale,
+                   const int32_t* cells, size_t count, FlashPartials& out, size_t slot);
+
+// Merges slots [s0, s1) of head h into (o[head_dim], m, l): the maximum over all slots first,
+// then each slot scaled once by e^(m_s - m) and summed in slot order. Empty slots add nothing.
+void flash_combine(const FlashPartials& p, size_t s0, size_t s1, int h, float* o, float& m, float& l);
+
+// Full attention of one decode token, every head of one layer: q holds n_head * head_dim
+// values, out the same. Partials are split across `pool` (nullptr: this thread only).
+void flash_decode(const float* q, const HeadShape& hs, float scale, const KvRows& kv, const int32_t* cells,
+                  size_t n, float* out, const FlashLayout& layout = {}, ThreadPool* pool = nullptr);
+
+// The same for one query head reading the KV head at offset kv_off of each row; this thread only
+// (plain attention, see attention.hpp).
+void flash_decode_head(const float* q, const KvRows& kv, size_t kv_off, int head_dim, float scale,
+                       const int32_t* cells, size_t n, float* out, const FlashLayout& layout = {});
+
+struct SpecConfig {
+  FlashLayout layout;
+  float lambda = 0.1f;
+};
+
+// The check of one (token, layer), over the whole layer output (all heads together):
+// d2 = ||spec - full||^2, n2 = ||full||^2, both summed in fp32 in head-major order.
+struct SpecCheck {
+  float d2 = 0;
+  float n2 = 0;
+  bool exact = false;   // n < 2S: spec is the full output, bit for bit
+  bool accept = false;  // exact, or spec_accept(d2, n2, lambda)
+};
+
+// ||spec - full|| < lambda ||full||, decided as d2 < lambda^2 n2 in fp32. Strict, so
+// lambda = 0 accepts nothing. Under tensor parallelism, sum d2 and n2 over the group first.
+bool spec_accept(float d2, float n2, float lambda);
+
+// Speculative flash decode: full output and speculative output (sink + window) of every head
+// in one pass, and the fused check. An exact step (n < 2S) counts as accepted whatever lambda
+// is, since taking the speculative output then changes nothing.
+SpecCheck speculative_flash_decode(const float* q, const HeadShape& hs, float scale, const KvRows& kv,
+                                   const int32_t* cells, size_t n, float* full, float* spec,
+                                   const SpecConfig& cfg = {}, ThreadPool* pool = nullptr);
+
+namespace detail {
+
+// One partial computation; shared by the portable and the AVX2 translation units.
+struct PartialJob {
+  const float* q;
+  int n_q;
+  int group;
+  const KvRows* kv;
+  size_t kv_off;
+  int head_dim;
+  float scale;
+  const int32_t* cells;
+  size_t count;    // >= 1
+  float* o;        // n_q * head_dim, head-major
+  float* m;        // n_q
+  float* l;        // n_q
+  float* scores;   // scratch: n_q rows of roundup(count, 8)
+};
+
+void flash_partial_avx2(const PartialJob& job);
+
+}  // namespace detail
+
+}  // namespace specmesh

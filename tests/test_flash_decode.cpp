@@ -1,0 +1,376 @@
+// Flash decode and speculative flash decode (ALSpec): the key layout, accuracy of the full and
+// speculative outputs against a double-precision softmax reference, the fused lambda check
+// against an independently computed decision, and bit-exact agreement across thread counts
+// and with plain per-head attention, on both SIMD paths.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "specmesh/kernels/attention.hpp"
+#include "specmesh/kernels/flash_decode.hpp"
+#include "specmesh/kernels/matmul.hpp"
+#include "specmesh/kernels/thread_pool.hpp"
+
+namespace specmesh {
+namespace {
+
+std::vector<std::string> isas() {
+  std::vector<std::string> v{"scalar"};
+  if (matmul_set_isa("avx2")) v.push_back("avx2");
+  matmul_set_isa(nullptr);
+  return v;
+}
+
+class FlashDecodeTest : public ::testing::Test {
+ protected:
+  void TearDown() override { matmul_set_isa(nullptr); }
+  void use(const std::string& isa) { ASSERT_TRUE(matmul_set_isa(isa.c_str())); }
+};
+
+size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+// One layer's cache and one decode token. Keys are stored in shuffled cells of a larger cache,
+// so the cell list is a real gather. `focus` pulls the speculative region's keys towards each
+// group's mean query, which raises its attention mass (and lowers the speculation error).
+struct Problem {
+  HeadShape hs;
+  size_t n;
+  float scale;
+  size_t stride;
+  std::vector<float> q, k, v;
+  std::vector<int32_t> cells;
+  KvRows kv() const { return KvRows{k.data(), v.data(), stride}; }
+};
+
+// Reference membership of the speculative region, written from the definition, not the plan.
+bool in_spec_region(size_t j, size_t n, size_t S, size_t tile) {
+  if (n < 2 * S) return true;
+  return j < S || j >= round_up(n, tile) - S;
+}
+
+Problem make_problem(HeadShape hs, size_t n, uint32_t seed, size_t S = 128, size_t tile = 32, float focus = 0) {
+  Problem p{hs, n, 1.0f / std::sqrt(float(hs.head_dim)), size_t(hs.n_head_kv) * hs.head_dim, {}, {}, {}, {}};
+  const size_t D = hs.head_dim, cap = n + 17;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  p.q.resize(hs.n_head * D);
+  for (auto& x : p.q) x = g(rng);
+  p.k.resize(cap * p.stride);
+  p.v.resize(cap * p.stride);
+  for (auto& x : p.k) x = g(rng);
+  for (auto& x : p.v) x = g(rng);
+  std::vector<int32_t> perm(cap);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  p.cells.assign(perm.begin(), perm.begin() + n);
+  if (focus != 0) {
+    const int group = hs.n_head / hs.n_head_kv;
+    for (int kh = 0; kh < hs.n_head_kv; ++kh) {
+      std::vector<float> dir(D, 0.0f);
+      for (int h = kh * group; h < (kh + 1) * group; ++h)
+        for (size_t d = 0; d < D; ++d) dir[d] += p.q[h * D + d];
+      double norm = 0;
+      for (float x : dir) norm += double(x) * x;
+      for (size_t j = 0; j < n; ++j) {
+        if (!in_spec_region(j, n, S, tile)) continue;
+        float* kr = p.k.data() + size_t(p.cells[j]) * p.stride + kh * D;
+        for (size_t d = 0; d < D; ++d) kr[d] += focus * float(dir[d] / std::sqrt(norm));
+      }
+    }
+  }
+  return p;
+}
+
+// Softmax attention of every head over the keys j < n with keep(j), in double.
+template <class Keep>
+std::vector<double> reference(const Problem& p, Keep keep) {
+  const size_t D = p.hs.head_dim;
+  const int group = p.hs.n_head / p.hs.n_head_kv;
+  std::vector<double> out(p.hs.n_head * D, 0.0);
+  for (int h = 0; h < p.hs.n_head; ++h) {
+    const size_t off = size_t(h / group) * D;
+    std::vector<double> s(p.n, -INFINITY);
+    double m = -INFINITY;
+    for (size_t j = 0; j < p.n; ++j) {
+      if (!keep(j)) continue;
+      const float* kr = p.k.data() + size_t(p.cells[j]) * p.stride + off;
+      double dot = 0;
+      for (size_t d = 0; d < D; ++d) dot += double(p.q[h * D + d]) * kr[d];
+      s[j] = dot * p.scale;
+      m = std::max(m, s[j]);
+    }
+    double l = 0;
+    for (size_t j = 0; j < p.n; ++j) {
+      if (!keep(j)) continue;
+      const double w = std::exp(s[j] - m);
+      l += w;
+      const float* vr = p.v.data() + size_t(p.cells[j]) * p.stride + off;
+      for (size_t d = 0; d < D; ++d) out[h * D + d] += w * vr[d];
+    }
+    for (size_t d = 0; d < D; ++d) out[h * D + d] /= l;
+  }
+  return out;
+}
+
+struct Ref {
+  std::vector<double> full, spec;
+  double d2 = 0, n2 = 0;
+  double ratio() const { return std::sqrt(d2 / n2); }
+};
+
+Ref reference_spec(const Problem& p, size_t S, size_t tile) {
+  Ref r;
+  r.full = reference(p, [](size_t) { return true; });
+  r.spec = reference(p, [&](size_t j) { return in_spec_region(j, p.n, S, tile); });
+  for (size_t i = 0; i < r.full.size(); ++i) {
+    r.d2 += (r.spec[i] - r.full[i]) * (r.spec[i] - r.full[i]);
+    r.n2 += r.full[i] * r.full[i];
+  }
+  return r;
+}
+
+void expect_near(const std::vector<float>& got, const std::vector<double>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+  EXPECT_LT(worst, 2e-5) << what;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+struct SpecRun {
+  std::vector<float> full, spec;
+  SpecCheck check;
+};
+
+SpecRun run_spec(const Problem& p, const SpecConfig& cfg, ThreadPool* pool = nullptr) {
+  SpecRun r;
+  r.full.resize(p.hs.n_head * p.hs.head_dim);
+  r.spec.resize(r.full.size());
+  r.check = speculative_flash_decode(p.q.data(), p.hs, p.scale, p.kv(), p.cells.data(), p.n, r.full.data(),
+                                     r.spec.data(), cfg, pool);
+  return r;
+}
+
+SpecConfig config(size_t S, size_t chunk, float lambda = 0.1f, size_t tile = 32) {
+  SpecConfig c;
+  c.layout.spec_len = S;
+  c.layout.chunk = chunk;
+  c.layout.tile = tile;
+  c.lambda = lambda;
+  return c;
+}
+
+TEST(FlashPlan, RegionsFollowTheTileAlignedWindow) {
+  const FlashLayout def;
+  EXPECT_EQ(def.spec_len, 128u);
+  EXPECT_EQ(def.chunk, 128u);
+  EXPECT_EQ(def.tile, 32u);
+  EXPECT_FLOAT_EQ(SpecConfig{}.lambda, 0.1f);
+
+  FlashPlan p = flash_plan(256, def);  // n = 2S, P = 256: window [128, 256), no middle
+  EXPECT_FALSE(p.exact);
+  EXPECT_EQ(p.sink_end, 128u);
+  EXPECT_EQ(p.window_begin, 128u);
+  EXPECT_EQ(p.n_middle(), 0u);
+
+  p = flash_plan(257, def);  // P = 288: window [160, 288) holds 97 real keys
+  EXPECT_EQ(p.window_begin, 160u);
+  EXPECT_EQ(p.n_middle(), 1u);
+  size_t b, e;
+  p.slot_keys(3, b, e);
+  EXPECT_EQ(b, 128u);
+  EXPECT_EQ(e, 160u);
+
+  p = flash_plan(1000, def);  // P = 1024: window [896, 1000), middle [128, 896) in 6 chunks
+  EXPECT_EQ(p.window_begin, 896u);
+  EXPECT_EQ(p.n_middle(), 6u);
+  p.slot_keys(1, b, e);
+  EXPECT_EQ(b, 896u);
+  EXPECT_EQ(e, 1000u);
+
+  p = flash_plan(255, def);  // below 2S: exact
+  EXPECT_TRUE(p.exact);
+  EXPECT_EQ(p.sink_end, 128u);
+  EXPECT_EQ(p.window_begin, 128u);
+  EXPECT_EQ(p.n_middle(), 0u);
+
+  FlashLayout small;
+  small.spec_len = 16;  // shorter than a tile: the window can hold no real key
+  p = flash_plan(33, small);
+  EXPECT_FALSE(p.exact);
+  EXPECT_EQ(p.window_begin, 33u);
+  p.slot_keys(1, b, e);
+  EXPECT_EQ(b, e);
+
+  FlashLayout bad;
+  bad.chunk = 0;
+  EXPECT_THROW(flash_plan(10, bad), std::invalid_argument);
+}
+
+struct Case {
+  HeadShape hs;
+  size_t S, chunk, n;
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  const HeadShape gqa{8, 2, 64}, mha{4, 4, 32}, odd{6, 3, 20};
+  // Default S = 128: from 2S upward, across window tiles (P boundaries +-1).
+  for (size_t n : {256, 257, 287, 288, 289, 319, 320, 321, 383, 384, 385, 1000, 2049})
+    for (const HeadShape& hs : {gqa, mha}) v.push_back({hs, 128, 128, n});
+  // S not a multiple of the tile, chunk different from S, head_dim not a multiple of 8.
+  for (size_t n : {96, 97, 127, 128, 129, 159, 160, 161, 700}) {
+    v.push_back({gqa, 48, 48, n});
+    v.push_back({odd, 48, 100, n});
+  }
+  // S shorter than a tile: the window may be empty.
+  for (size_t n : {32, 33, 40, 63, 64, 65, 200}) v.push_back({mha, 16, 16, n});
+  return v;
+}
+
+TEST_F(FlashDecodeTest, MatchesReferenceAndDecidesLikeIt) {
+  for (const std::string& isa : isas()) {
+    use(isa);
+    uint32_t seed = 1;
+    for (const Case& c : cases()) {
+      const std::string what = isa + " n=" + std::to_string(c.n) + " S=" + std::to_string(c.S) +
+                               " heads=" + std::to_string(c.hs.n_head) + "/" + std::to_string(c.hs.n_head_kv);
+      const Problem p = make_problem(c.hs, c.n, seed++, c.S);
+      const Ref ref = reference_spec(p, c.S, 32);
+      const SpecRun r = run_spec(p, config(c.S, c.chunk));
+      expect_near(r.full, ref.full, what + " full");
+      expect_near(r.spec, ref.spec, what + " spec");
+      EXPECT_FALSE(r.check.exact) << what;
+      EXPECT_NEAR(r.check.d2, ref.d2, 1e-4 * ref.d2 + 1e-9) << what;
+      EXPECT_NEAR(r.check.n2, ref.n2, 1e-5 * ref.n2) << what;
+      EXPECT_FALSE(run_spec(p, config(c.S, c.chunk, 0.0f)).check.accept) << what;
+      // At n = 2S with n on a tile boundary the two regions cover every key.
+      if (ref.d2 == 0) {
+        EXPECT_TRUE(same_bits(r.spec, r.full)) << what;
+        EXPECT_TRUE(r.check.accept) << what;
+        continue;
+      }
+      // Decisions at lambda 5% either side of the true ratio.
+      const double ratio = ref.ratio();
+      ASSERT_GT(ratio, 1e-3) << what;
+      for (double f : {0.95, 1.05}) {
+        const float lambda = float(ratio * f);
+        const SpecRun d = run_spec(p, config(c.S, c.chunk, lambda));
+        EXPECT_EQ(d.check.accept, f > 1) << what << " lambda=" << lambda;
+        EXPECT_EQ(d.check.accept, spec_accept(d.check.d2, d.check.n2, lambda)) << what;
+      }
+    }
+  }
+}
+
+TEST_F(FlashDecodeTest, DefaultLambdaAcceptsOnlyCloseSpeculations) {
+  const HeadShape hs{8, 2, 64};
+  for (const std::string& isa : isas()) {
+    use(isa);
+    // Focused keys put most attention mass in the speculative region; random keys do not.
+    const Problem close = make_problem(hs, 3000, 7, 128, 32, 20.0f);
+    const Problem far = make_problem(hs, 3000, 7);
+    const Ref rc = reference_spec(close, 128, 32), rf = reference_spec(far, 128, 32);
+    ASSERT_LT(rc.ratio(), 0.05);
+    ASSERT_GT(rf.ratio(), 0.2);
+    const SpecRun c = run_spec(close, SpecConfig{});
+    const SpecRun f = run_spec(far, SpecConfig{});
+    EXPECT_TRUE(c.check.accept) << isa;
+    EXPECT_FALSE(f.check.accept) << isa;
+    expect_near(c.spec, rc.spec, isa + " focused spec");
+    EXPECT_FALSE(run_spec(close, config(128, 128, 0.0f)).check.accept) << isa;
+  }
+}
+
+TEST_F(FlashDecodeTest, BelowTwoSIsExactAndAccepted) {
+  for (const std::string& isa : isas()) {
+    use(isa);
+    for (size_t n : {1, 2, 31, 100, 128, 129, 200, 255}) {
+      const Problem p = make_problem({8, 2, 64}, n, 100 + uint32_t(n));
+      const SpecRun r = run_spec(p, config(128, 128, 0.0f));
+      EXPECT_TRUE(r.check.exact) << n;
+      EXPECT_TRUE(r.check.accept) << n;  // lambda = 0 too: taking spec changes nothing
+      EXPECT_TRUE(same_bits(r.full, r.spec)) << n;
+      EXPECT_EQ(r.check.d2, 0.0f);
+      expect_near(r.full, reference(p, [](size_t) { return true; }), isa + " exact n=" + std::to_string(n));
+    }
+  }
+}
+
+TEST_F(FlashDecodeTest, ThreadCountDoesNotChangeABit) {
+  ThreadPool two(2), three(3);
+  for (const std::string& isa : isas()) {
+    use(isa);
+    for (const Case& c : {Case{{8, 2, 64}, 128, 128, 4097}, Case{{6, 3, 20}, 48, 100, 3001},
+                          Case{{32, 8, 128}, 128, 128, 1500}, Case{{8, 2, 64}, 128, 128, 200}}) {
+      const Problem p = make_problem(c.hs, c.n, 42);
+      const SpecConfig cfg = config(c.S, c.chunk);
+      const SpecRun one = run_spec(p, cfg);
+      for (ThreadPool* pool : {&two, &three}) {
+        const SpecRun r = run_spec(p, cfg, pool);
+        EXPECT_TRUE(same_bits(r.full, one.full)) << isa << " n=" << c.n << " threads=" << pool->size();
+        EXPECT_TRUE(same_bits(r.spec, one.spec)) << isa << " n=" << c.n << " threads=" << pool->size();
+        EXPECT_EQ(std::memcmp(&r.check.d2, &one.check.d2, sizeof(float)), 0);
+        EXPECT_EQ(std::memcmp(&r.check.n2, &one.check.n2, sizeof(float)), 0);
+      }
+    }
+  }
+}
+
+// A rejected speculation must reproduce plain decoding: per-head attention() and the
+// non-speculative flash_decode give the speculative kernel's full output bit for bit.
+TEST_F(FlashDecodeTest, PlainAttentionEqualsSpeculativeFullOutput) {
+  ThreadPool two(2);
+  for (const std::string& isa : isas()) {
+    use(isa);
+    for (const Case& c : {Case{{8, 2, 64}, 128, 128, 2049}, Case{{4, 4, 32}, 128, 128, 300},
+                          Case{{6, 3, 20}, 48, 100, 161}, Case{{8, 2, 64}, 128, 128, 77}}) {
+      const Problem p = make_problem(c.hs, c.n, 9);
+      const SpecConfig cfg = config(c.S, c.chunk);
+      const SpecRun r = run_spec(p, cfg, &two);
+      const size_t D = c.hs.head_dim;
+      const int group = c.hs.n_head / c.hs.n_head_kv;
+      std::vector<float> plain(r.full.size()), layer(r.full.size());
+      for (int h = 0; h < c.hs.n_head; ++h)
+        attention(p.q.data() + h * D, p.kv(), size_t(h / group) * D, int(D), p.scale, p.cells.data(), p.n,
+                  plain.data() + h * D, cfg.layout);
+      flash_decode(p.q.data(), c.hs, p.scale, p.kv(), p.cells.data(), p.n, layer.data(), cfg.layout);
+      EXPECT_TRUE(same_bits(plain, r.full)) << isa << " n=" << c.n;
+      EXPECT_TRUE(same_bits(layer, r.full)) << isa << " n=" << c.n;
+    }
+  }
+}
+
+// Partials over any split of the keys, merged by flash_combine, give attention.
+TEST_F(FlashDecodeTest, PartialsAndCombine) {
+  const Problem p = make_problem({4, 2, 32}, 500, 5);
+  const std::vector<double> want = reference(p, [](size_t) { return true; });
+  const size_t bounds[] = {0, 0, 7, 200, 200, 333, 500};  // includes empty slots
+  for (const std::string& isa : isas()) {
+    use(isa);
+    FlashPartials parts;
+    parts.reset(6, 4, 32);
+    for (size_t s = 0; s < 6; ++s)
+      flash_partial(p.q.data(), 4, 2, p.kv(), 0, p.scale, p.cells.data() + bounds[s], bounds[s + 1] - bounds[s],
+                    parts, s);
+    std::vector<float> out(4 * 32);
+    for (int h = 0; h < 4; ++h) {
+      float m, l;
+      flash_combine(parts, 0, 6, h, out.data() + h * 32, m, l);
+      for (int d = 0; d < 32; ++d) out[h * 32 + d] /= l;
+    }
+    expect_near(out, want, isa + " combine");
+  }
+}
+
+}  // namespace
+}  // namespace specmesh
