@@ -25,6 +25,8 @@ const PipelineRef& HeadHost::pipeline(const std::string& role) const {
   return it->second;
 }
 
+bool HeadHost::has_role(const std::string& role) const { return cfg_.pipelines.count(role) > 0; }
+
 uint64_t HeadHost::launch(const std::string& role, const Batch& batch, bool speculative) {
   const PipelineRef& p = pipeline(role);
   const uint64_t run = next_run_++;

@@ -25,6 +25,7 @@ class HeadHost final : public StrategyHost {
   SpecMetrics& metrics() override { return stream_.metrics(); }
   const std::vector<int32_t>& prompt() const override { return stream_.prompt(); }
   const std::vector<int32_t>& tokens() const override { return stream_.tokens(); }
+  bool has_role(const std::string& role) const override;
   int vocab() const override { return cfg_.target().model->hparams().n_vocab; }
   int n_batch() const override { return cfg_.n_batch; }
   const StrategyParams& params() const override { return cfg_.params; }

@@ -46,6 +46,8 @@ class StrategyHost {
   virtual const std::vector<int32_t>& prompt() const = 0;
   virtual const std::vector<int32_t>& tokens() const = 0;
 
+  // Whether the setup has a pipeline for this role (strategies with optional roles ask).
+  virtual bool has_role(const std::string& role) const = 0;
   virtual int vocab() const = 0;
   virtual int n_batch() const = 0;              // most tokens one run may carry
   virtual const StrategyParams& params() const = 0;

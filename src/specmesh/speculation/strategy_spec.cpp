@@ -1,7 +1,12 @@
 // Standard speculative decoding: the draft proposes a chain, the target verifies it in one
-// run (greedy matching at temperature 0, exact rejection sampling otherwise).
+// run (greedy matching at temperature 0, exact rejection sampling otherwise). With a tree shape
+// (`tree`), or several drafts (roles draft, draft2, ...), the drafts propose token trees that
+// merge into one, and the target verifies the whole tree in one run (SpecInfer).
+#include <algorithm>
+
 #include "specmesh/speculation/pipeline_ops.hpp"
 #include "specmesh/speculation/registry.hpp"
+#include "specmesh/speculation/tree_drafter.hpp"
 #include "specmesh/speculation/verify.hpp"
 
 namespace specmesh {
@@ -89,6 +94,137 @@ class Speculative final : public Strategy {
   uint64_t awaited_target_ = 0, awaited_draft_ = 0;
 };
 
+// Roles of the extra drafts a tree may merge: draft2, draft3, ...
+std::vector<std::string> draft_roles(const StrategyHost& h) {
+  std::vector<std::string> roles = {kDraftRole};
+  for (int i = 2; h.has_role("draft" + std::to_string(i)); ++i) roles.push_back("draft" + std::to_string(i));
+  return roles;
+}
+
+// Tree speculation: every draft grows a tree (the `tree` shape, or a chain of n_draft), the
+// trees merge by common prefix, and one target run verifies them all with a tree mask.
+//
+// In the target's cache the tree's cells carry sequence 0 (so they see the committed context)
+// and one branch sequence per leaf they lead to. After the verdict, sequence 0 leaves the tree,
+// the accepted path's cells rejoin it by a range copy along one of its branches, and every
+// branch sequence is dropped: the rejected nodes' cells are freed, the accepted ones stay where
+// they are, at the positions (prefix + depth) they already have.
+class TreeSpeculative final : public Strategy {
+ public:
+  explicit TreeSpeculative(StrategyHost& h) : h_(h) {
+    std::vector<int> shape = h.params().list("tree");
+    if (shape.empty()) shape.assign(size_t(h.params().integer("n_draft")), 1);
+    const auto roles = draft_roles(h);
+    for (size_t i = 0; i < roles.size(); ++i)
+      drafters_.emplace_back(h, roles[i], int(i), shape, h.params().integer("tree_nodes"), h.params().real("p_accept"));
+  }
+
+  void start() override { draft(); }
+
+  void on_logits(uint64_t run, const Logits& l) override {
+    if (l.pipeline == kTargetRole) {
+      if (run == awaited_) on_verify(run, l);
+      return;
+    }
+    for (TreeDrafter& d : drafters_)
+      if (d.on_logits(run, l)) break;
+    if (drafting_ && std::all_of(drafters_.begin(), drafters_.end(), [](const TreeDrafter& d) { return d.done(); }))
+      verify();
+  }
+
+ private:
+  void draft() {
+    drafting_ = true;
+    for (TreeDrafter& d : drafters_) d.start();
+  }
+
+  void verify() {
+    drafting_ = false;
+    tree_ = drafters_[0].tree();
+    for (size_t i = 1; i < drafters_.size(); ++i) tree_.merge(drafters_[i].tree());
+    layout_ = tree_.layout();
+    const size_t n = layout_.order.size();
+
+    // The target's pending tokens (at least the newest accepted one) lead the batch as a chain;
+    // the tree hangs below its last one.
+    std::vector<int32_t> pending = sync_cache(h_, kTargetRole, target_cached_, h_.tokens());
+    const int32_t p0 = int32_t(target_cached_.size());
+    tree_pos_ = p0 + int32_t(pending.size());
+    const size_t lead = pending.size();
+    Batch b;
+    for (size_t i = 0; i < lead; ++i) {
+      b.add(pending[i], p0 + int32_t(i), seq_bit(0), i + 1 == lead);
+      b.parent.push_back(int32_t(i) - 1);
+    }
+    // Branch sequences: one per leaf, and every node on the way to it.
+    leaf_seq_.assign(n, 0);
+    std::vector<SeqSet> seqs(n, seq_bit(0));
+    int seq = 0;
+    for (size_t k = n; k-- > 0;) {
+      bool leaf = k + 1 == n || layout_.parents[k + 1] != int32_t(k);
+      if (leaf) leaf_seq_[k] = ++seq;
+    }
+    for (size_t k = n; k-- > 0;) {
+      seqs[k] |= leaf_seq_[k] ? seq_bit(leaf_seq_[k]) : 0;
+      if (layout_.parents[k] >= 0) {
+        seqs[size_t(layout_.parents[k])] |= seqs[k];
+        if (!leaf_seq_[size_t(layout_.parents[k])]) leaf_seq_[size_t(layout_.parents[k])] = leaf_seq_[k];
+      }
+    }
+    n_branches_ = seq;
+    for (size_t k = 0; k < n; ++k) {
+      b.add(layout_.tokens[k], tree_pos_ + layout_.depths[k], seqs[k], true);
+      b.parent.push_back(layout_.parents[k] < 0 ? int32_t(lead) - 1 : int32_t(lead) + layout_.parents[k]);
+    }
+    target_cached_.insert(target_cached_.end(), pending.begin(), pending.end());
+    awaited_ = h_.launch(kTargetRole, b, false);
+  }
+
+  void on_verify(uint64_t run, const Logits& l) {
+    const size_t n = layout_.order.size();
+    const auto rows = rows_of(l, n + 1, h_.vocab(), run);
+    TreeVerdict v;
+    if (h_.sampler().greedy()) {
+      v = verify_tree_greedy(layout_.tokens, layout_.parents, rows.data(), h_.vocab());
+    } else {
+      std::vector<std::vector<float>> p;
+      for (size_t i = 0; i <= n; ++i) p.push_back(h_.sampler().distribution(rows.data() + i * h_.vocab(), h_.vocab()));
+      v = verify_tree_proposals(tree_, layout_, p, h_.sampler());
+    }
+    std::vector<int32_t> accepted;
+    for (int k : v.path) accepted.push_back(layout_.tokens[size_t(k)]);
+
+    // Keep the accepted path's cells, free the rest of the tree (see the class comment).
+    std::vector<KvOp> ops = {{KvOpKind::remove, 0, -1, tree_pos_, -1}};
+    if (!v.path.empty())
+      ops.push_back({KvOpKind::copy, leaf_seq_[size_t(v.path.back())], 0, tree_pos_, tree_pos_ + int32_t(v.path.size())});
+    for (int s = 1; s <= n_branches_; ++s) ops.push_back({KvOpKind::remove, s, -1, -1, -1});
+    h_.kv_ops(kTargetRole, std::move(ops));
+    target_cached_.insert(target_cached_.end(), accepted.begin(), accepted.end());
+    for (TreeDrafter& d : drafters_) d.commit(accepted);
+
+    SpecMetrics& m = h_.metrics();
+    m.drafted += n;
+    m.accepted += accepted.size();
+    ++m.verifications;
+    for (int32_t t : accepted)
+      if (!h_.accept(t)) return;
+    if (!h_.accept(v.next)) return;
+    draft();
+  }
+
+  StrategyHost& h_;
+  std::vector<TreeDrafter> drafters_;
+  bool drafting_ = false;
+  TokenTree tree_;
+  TokenTree::Layout layout_;
+  std::vector<int> leaf_seq_;  // per layout node: a branch sequence through it
+  int n_branches_ = 0;
+  int32_t tree_pos_ = 0;
+  std::vector<int32_t> target_cached_;
+  uint64_t awaited_ = 0;
+};
+
 }  // namespace
 
 StrategyInfo strategy_info_spec() {
@@ -102,8 +238,13 @@ StrategyInfo strategy_info_spec() {
   s.params = {
       {"n_draft", ParamType::Int, 1, 64, 4, "draft tokens per verification", {"--draft-n", "--n-draft"}},
       {"p_accept", ParamType::Float, 0, 1, 0.5, "draft confidence cutoff: drafting stops below it", {"--p-accept", "--pa"}},
+      {"tree", ParamType::IntList, 1, 16, 0, "token tree: children per depth (1,1,3,1); verified in one target run", {"--tree"}, {}, 16},
+      {"tree_nodes", ParamType::Int, 1, 512, 64, "most nodes of one draft's tree", {"--tree-nodes"}},
   };
-  s.make = [](StrategyHost& h) { return std::make_unique<Speculative>(h); };
+  s.make = [](StrategyHost& h) -> std::unique_ptr<Strategy> {
+    if (!h.params().list("tree").empty() || h.has_role("draft2")) return std::make_unique<TreeSpeculative>(h);
+    return std::make_unique<Speculative>(h);
+  };
   return s;
 }
 

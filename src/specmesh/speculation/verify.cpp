@@ -184,4 +184,54 @@ TreeVerdict verify_tree_stochastic(std::span<const int32_t> tokens, std::span<co
   }
 }
 
+TreeVerdict verify_tree_proposals(const TokenTree& tree, const TokenTree::Layout& layout,
+                                  std::span<const std::vector<float>> p, Sampler& rng) {
+  constexpr const char* fn = "verify_tree_proposals";
+  const size_t n = layout.order.size();
+  if (p.size() != n + 1)
+    invalid(std::string(fn) + ": " + std::to_string(p.size()) + " target distributions for " + std::to_string(n) + " nodes");
+  std::vector<std::vector<int32_t>> kids(n + 1);  // slot 0: the context, k + 1: layout node k
+  for (size_t k = 0; k < n; ++k) kids[size_t(layout.parents[k] + 1)].push_back(int32_t(k));
+  TreeVerdict v;
+  int32_t at = -1;
+  for (;;) {
+    const size_t row = size_t(at + 1);
+    const double pm = mass(p[row], fn, "p", row);
+    std::vector<double> r = normalised(p[row], pm);
+    // Groups drawn without replacement: their distribution with the rejected tokens removed.
+    std::vector<std::pair<int, std::vector<float>>> thinned;
+    int32_t taken = -1;
+    for (int32_t c : kids[row]) {
+      const TreeNode& node = tree.node(size_t(layout.order[size_t(c)]));
+      const int32_t x = node.token;
+      for (const Proposal& prop : node.proposals) {
+        if (!prop.q) invalid(std::string(fn) + ": node " + std::to_string(c) + " has a proposal without its distribution");
+        const std::vector<float>* q = prop.q.get();
+        auto g = std::find_if(thinned.begin(), thinned.end(), [&](const auto& t) { return t.first == prop.group; });
+        if (prop.group >= 0 && g != thinned.end()) q = &g->second;
+        if (q->size() != r.size() || x < 0 || size_t(x) >= r.size())
+          invalid(std::string(fn) + ": node " + std::to_string(c) + " does not fit the target's vocabulary");
+        const double qm = mass(*q, fn, "q", size_t(c));
+        check_drawn(fn, *q, x, size_t(c));
+        if (rng.uniform() < r[size_t(x)] / (double((*q)[size_t(x)]) / qm)) {
+          taken = c;
+          break;
+        }
+        subtract(r, *q, qm);
+        if (prop.group >= 0) {
+          if (g == thinned.end()) g = thinned.insert(thinned.end(), {prop.group, *prop.q});
+          g->second[size_t(x)] = 0.0f;
+        }
+      }
+      if (taken >= 0) break;
+    }
+    if (taken < 0) {
+      v.next = draw(r, rng);
+      return v;
+    }
+    v.path.push_back(taken);
+    at = taken;
+  }
+}
+
 }  // namespace specmesh

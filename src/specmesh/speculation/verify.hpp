@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "specmesh/model/sampler.hpp"
+#include "specmesh/speculation/token_tree.hpp"
 
 namespace specmesh {
 
@@ -65,5 +66,17 @@ TreeVerdict verify_tree_greedy(std::span<const int32_t> tokens, std::span<const 
 TreeVerdict verify_tree_stochastic(std::span<const int32_t> tokens, std::span<const int> parents,
                                    std::span<const std::vector<float>> p,
                                    std::span<const std::vector<float>> q, Sampler& rng);
+
+// Multi-draft speculative sampling over a TokenTree in its layout (SpecInfer's MSS, with
+// Sequoia's correction for siblings drawn without replacement, and merged proposals). At a node
+// the residual r starts as the target's p; each proposal of each child in turn (token x drawn
+// from q) is accepted with probability min(1, r(x)/q(x)); on rejection r <- norm(max(0, r - q))
+// and, when the proposal's group drew without replacement, q <- norm(q with q(x) = 0) for the
+// group's later proposals at that node. When all are rejected next ~ r. The emitted tokens are
+// then distributed exactly as the target's. p: n+1 target distributions, p[0] after the
+// context and p[k+1] after layout node k; the verdict's path holds layout indices. (Greedy
+// trees verify with verify_tree_greedy over layout.tokens and layout.parents.)
+TreeVerdict verify_tree_proposals(const TokenTree& tree, const TokenTree::Layout& layout,
+                                  std::span<const std::vector<float>> p, Sampler& rng);
 
 }  // namespace specmesh

@@ -1,0 +1,62 @@
+// Drafts a token tree on one draft pipeline by expansion, a level per run: the roots are the
+// draft's top widths[0] tokens after the accepted text, and every node at depth d that the draft
+// is confident about (its top probability at least p_accept) gets widths[d + 1] children: the
+// top ones at temperature 0, drawn without replacement otherwise. A chain is the widths
+// 1,1,...,1.
+//
+// In the draft's KV cache every branch lives in a sequence of its own (1..63; sequence 0 holds
+// the accepted tokens): a node's first child continues its parent's sequence, the others get
+// new sequences that borrow the parent's history by a metadata copy, so one causal run per level
+// carries the whole frontier and each node sees exactly its ancestors. After verification the
+// accepted path's cells join sequence 0 by a range copy and every branch sequence is dropped:
+// range operations, no recomputation and no data copies.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "specmesh/speculation/strategy.hpp"
+#include "specmesh/speculation/token_tree.hpp"
+
+namespace specmesh {
+
+class TreeDrafter {
+ public:
+  TreeDrafter(StrategyHost& host, std::string role, int draft_id, std::vector<int> widths, int max_nodes,
+              float p_accept);
+
+  // Starts a tree after the host's accepted tokens.
+  void start();
+  // Feeds a draft run's logits; true when they were this drafter's (the tree may then be done).
+  bool on_logits(uint64_t run, const Logits& l);
+  bool done() const { return awaited_ == 0; }
+  const TokenTree& tree() const { return tree_; }
+  const std::string& role() const { return role_; }
+
+  // After verification: `accepted` are the tokens that followed the context. The cells of the
+  // accepted nodes this drafter fed join sequence 0; every branch sequence is released.
+  void commit(const std::vector<int32_t>& accepted);
+
+ private:
+  void expand(const std::vector<int32_t>& nodes, const std::vector<float>& rows);
+  int new_seq();
+
+  StrategyHost& h_;
+  std::string role_;
+  int draft_id_;
+  std::vector<int> widths_;
+  size_t max_nodes_;
+  float p_accept_;
+  Sampler sampler_;                  // the draft's distribution: the target's transforms
+  std::vector<int32_t> cached_;      // sequence 0 of the draft's cache
+  TokenTree tree_;
+  std::vector<int> seq_of_;          // per node: its branch sequence in the draft's cache
+  std::vector<uint8_t> fed_;         // per node: its cell is in the draft's cache
+  std::vector<int32_t> frontier_;    // nodes of the run in flight (empty: the context row)
+  int32_t base_ = 0;                 // position of the roots
+  int next_seq_ = 1;
+  uint64_t awaited_ = 0;
+};
+
+}  // namespace specmesh
