@@ -56,14 +56,14 @@ void softmax_portable(float* s, size_t rows, size_t group, const uint32_t* vis, 
   }
 }
 
-void accumulate_portable(const float* p, size_t rows, const float* const* v, size_t n_keys, int head_dim,
+void accumulate_portable(const float* p, size_t rows, const float* v, int head_dim,
                          const float* alpha, float* o) {
   for (size_t r = 0; r < rows; ++r) {
     float* orow = o + r * head_dim;
     for (int x = 0; x < head_dim; ++x) orow[x] *= alpha[r];
-    for (size_t c = 0; c < n_keys; ++c) {
+    for (size_t c = 0; c < kB; ++c) {
       const float w = p[r * kB + c];
-      for (int x = 0; x < head_dim; ++x) orow[x] += w * v[c][x];
+      for (int x = 0; x < head_dim; ++x) orow[x] += w * v[c * head_dim + x];
     }
   }
 }
@@ -165,8 +165,7 @@ class DenseMask {
 
 // Per-thread buffers of one work unit.
 struct Scratch {
-  std::vector<float> q, o, s, kt, m, l, alpha;
-  std::vector<const float*> v;
+  std::vector<float> q, o, s, kt, vt, m, l, alpha;
   uint32_t vis[kQ];
 };
 
@@ -187,7 +186,7 @@ void run_unit(const TreeAttnProblem& p, const Mask& mask, const TileSteps& st, s
   sc.m.assign(rows, -INFINITY);
   sc.l.assign(rows, 0.0f);
   sc.alpha.resize(rows);
-  sc.v.resize(kB);
+  sc.vt.resize(kB * d);
 
   const float qscale = p.scale * kLog2e;
   for (size_t t = 0; t < nq; ++t) {
@@ -196,17 +195,19 @@ void run_unit(const TreeAttnProblem& p, const Mask& mask, const TileSteps& st, s
     for (size_t x = 0; x < group * d; ++x) dst[x] = src[x] * qscale;
   }
 
+  // The tile's keys transposed and its values packed, so the tile steps stream them.
   auto tile = [&](size_t c0, size_t n_keys) {
     for (size_t c = 0; c < n_keys; ++c) {
       const size_t row = size_t(p.cells[c0 + c]) * p.kv.row_stride + kv_off;
       const float* k = p.kv.k + row;
       for (size_t x = 0; x < d; ++x) sc.kt[x * kB + c] = k[x];
-      sc.v[c] = p.kv.v + row;
+      std::copy(p.kv.v + row, p.kv.v + row + d, sc.vt.begin() + c * d);
     }
     for (size_t x = 0; x < d; ++x) std::fill(sc.kt.begin() + x * kB + n_keys, sc.kt.begin() + (x + 1) * kB, 0.0f);
+    std::fill(sc.vt.begin() + n_keys * d, sc.vt.end(), 0.0f);
     st.scores(sc.q.data(), rows, p.head_dim, sc.kt.data(), sc.s.data());
     st.softmax(sc.s.data(), rows, group, sc.vis, sc.m.data(), sc.l.data(), sc.alpha.data());
-    st.accumulate(sc.s.data(), rows, sc.v.data(), n_keys, p.head_dim, sc.alpha.data(), sc.o.data());
+    st.accumulate(sc.s.data(), rows, sc.vt.data(), p.head_dim, sc.alpha.data(), sc.o.data());
   };
 
   // The prefix is visible to every query: whole tiles.

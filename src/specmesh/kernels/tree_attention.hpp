@@ -72,8 +72,8 @@ std::vector<uint8_t> dense_tree_mask(const TreeSpan* spans, size_t n);
 
 // The per-tile steps, portable and AVX2; private to the kernel's translation units.
 // Scores are in log2 units: queries arrive pre-multiplied by scale * log2(e), so the
-// softmax exponentiates with exp2. A tile always has kTreeKeyTile score columns; columns
-// past its last key hold zero keys and are masked out.
+// softmax exponentiates with exp2. A tile always has kTreeKeyTile keys; those past its last
+// key are zero and masked out, so their weights are zero.
 namespace tree_attn_detail {
 
 struct TileSteps {
@@ -84,8 +84,8 @@ struct TileSteps {
   // alpha[r] receives the factor that rescales row r's accumulated output.
   void (*softmax)(float* s, size_t rows, size_t group, const uint32_t* vis, float* m, float* l,
                   float* alpha);
-  // o[r] = o[r] * alpha[r] + sum_{c < n_keys} p[r][c] * v[c].
-  void (*accumulate)(const float* p, size_t rows, const float* const* v, size_t n_keys, int head_dim,
+  // o[r] = o[r] * alpha[r] + sum_c p[r][c] * v[c]; v is kTreeKeyTile x head_dim.
+  void (*accumulate)(const float* p, size_t rows, const float* v, int head_dim,
                      const float* alpha, float* o);
 };
 

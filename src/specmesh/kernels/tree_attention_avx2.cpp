@@ -128,47 +128,51 @@ void softmax(float* s, size_t rows, size_t group, const uint32_t* vis, float* m,
 
 // RB rows x W ymm (8 W floats) of the output, starting at float x0 of each row.
 template <int RB, int W>
-void accumulate_block(const float* p, const float* const* v, size_t n_keys, int head_dim, size_t x0,
-                      const float* alpha, float* o) {
+void accumulate_block(const float* p, const float* v, int head_dim, size_t x0, const float* alpha,
+                      float* o) {
   __m256 acc[RB][W];
-  for (int r = 0; r < RB; ++r) {
-    const __m256 a = _mm256_set1_ps(alpha[r]);
-    for (int w = 0; w < W; ++w) acc[r][w] = _mm256_mul_ps(a, _mm256_loadu_ps(o + r * head_dim + x0 + 8 * w));
-  }
-  for (size_t c = 0; c < n_keys; ++c) {
+  for (int r = 0; r < RB; ++r)
+    for (int w = 0; w < W; ++w) acc[r][w] = _mm256_setzero_ps();
+  // A fixed trip count (tail keys are zero) lets GCC keep the accumulators in registers.
+  for (size_t c = 0; c < kB; ++c) {
     __m256 vc[W];
-    for (int w = 0; w < W; ++w) vc[w] = _mm256_loadu_ps(v[c] + x0 + 8 * w);
+    for (int w = 0; w < W; ++w) vc[w] = _mm256_loadu_ps(v + c * head_dim + x0 + 8 * w);
     for (int r = 0; r < RB; ++r) {
       const __m256 pc = _mm256_broadcast_ss(p + r * kB + c);
       for (int w = 0; w < W; ++w) acc[r][w] = _mm256_fmadd_ps(pc, vc[w], acc[r][w]);
     }
   }
-  for (int r = 0; r < RB; ++r)
-    for (int w = 0; w < W; ++w) _mm256_storeu_ps(o + r * head_dim + x0 + 8 * w, acc[r][w]);
+  for (int r = 0; r < RB; ++r) {
+    const __m256 a = _mm256_set1_ps(alpha[r]);
+    for (int w = 0; w < W; ++w) {
+      float* dst = o + r * head_dim + x0 + 8 * w;
+      _mm256_storeu_ps(dst, _mm256_fmadd_ps(a, _mm256_loadu_ps(dst), acc[r][w]));
+    }
+  }
 }
 
 template <int RB>
-void accumulate_rows(const float* p, const float* const* v, size_t n_keys, int head_dim, const float* alpha,
+void accumulate_rows(const float* p, const float* v, int head_dim, const float* alpha,
                      float* o) {
   size_t x = 0;
-  for (; x + 16 <= size_t(head_dim); x += 16) accumulate_block<RB, 2>(p, v, n_keys, head_dim, x, alpha, o);
-  if (x < size_t(head_dim)) accumulate_block<RB, 1>(p, v, n_keys, head_dim, x, alpha, o);
+  for (; x + 16 <= size_t(head_dim); x += 16) accumulate_block<RB, 2>(p, v, head_dim, x, alpha, o);
+  if (x < size_t(head_dim)) accumulate_block<RB, 1>(p, v, head_dim, x, alpha, o);
 }
 
-void accumulate(const float* p, size_t rows, const float* const* v, size_t n_keys, int head_dim,
+void accumulate(const float* p, size_t rows, const float* v, int head_dim,
                 const float* alpha, float* o) {
   size_t r = 0;
   for (; r + kRows <= rows; r += kRows)
-    accumulate_rows<kRows>(p + r * kB, v, n_keys, head_dim, alpha + r, o + r * head_dim);
+    accumulate_rows<kRows>(p + r * kB, v, head_dim, alpha + r, o + r * head_dim);
   const float* pr = p + r * kB;
   const float* ar = alpha + r;
   float* orow = o + r * head_dim;
   switch (rows - r) {
-    case 5: accumulate_rows<5>(pr, v, n_keys, head_dim, ar, orow); break;
-    case 4: accumulate_rows<4>(pr, v, n_keys, head_dim, ar, orow); break;
-    case 3: accumulate_rows<3>(pr, v, n_keys, head_dim, ar, orow); break;
-    case 2: accumulate_rows<2>(pr, v, n_keys, head_dim, ar, orow); break;
-    case 1: accumulate_rows<1>(pr, v, n_keys, head_dim, ar, orow); break;
+    case 5: accumulate_rows<5>(pr, v, head_dim, ar, orow); break;
+    case 4: accumulate_rows<4>(pr, v, head_dim, ar, orow); break;
+    case 3: accumulate_rows<3>(pr, v, head_dim, ar, orow); break;
+    case 2: accumulate_rows<2>(pr, v, head_dim, ar, orow); break;
+    case 1: accumulate_rows<1>(pr, v, head_dim, ar, orow); break;
     default: break;
   }
 }
