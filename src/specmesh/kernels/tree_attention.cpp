@@ -79,6 +79,9 @@ constexpr size_t kQ = kTreeQueryTile;
 constexpr size_t kB = kTreeKeyTile;
 static_assert(kB == 32, "visibility is one 32-bit word per query and key tile");
 constexpr float kLog2e = 1.4426950408889634f;
+// Below this many multiply-adds (counting every tree key) a call takes tens of microseconds,
+// about what waking the pool costs.
+constexpr size_t kSmallWork = size_t(1) << 20;
 
 const TileSteps& steps(int head_dim) {
   static const TileSteps portable{tree_attn_detail::scores_portable, tree_attn_detail::softmax_portable,
@@ -169,6 +172,11 @@ struct Scratch {
   uint32_t vis[kQ];
 };
 
+Scratch& scratch() {
+  thread_local Scratch sc;
+  return sc;
+}
+
 // One query tile against one KV head: rows are (tree node, query head of the group), node-major.
 template <class Mask>
 void run_unit(const TreeAttnProblem& p, const Mask& mask, const TileSteps& st, size_t qt, int kvh, Scratch& sc) {
@@ -252,20 +260,19 @@ void run(const TreeAttnProblem& p, const Mask& mask, ThreadPool* pool) {
   const size_t n_qt = (p.n_tree + kQ - 1) / kQ;
   const size_t n_units = n_qt * size_t(p.n_head_kv);
   // Later query tiles see more keys: hand them out first so the last units are short ones.
-  auto unit = [&](size_t u, Scratch& sc) {
-    run_unit(p, mask, st, n_qt - 1 - u / size_t(p.n_head_kv), int(u % size_t(p.n_head_kv)), sc);
+  auto unit = [&](size_t u) {
+    run_unit(p, mask, st, n_qt - 1 - u / size_t(p.n_head_kv), int(u % size_t(p.n_head_kv)), scratch());
   };
-  if (pool == nullptr || pool->size() <= 1 || n_units == 1) {
-    thread_local Scratch sc;
-    for (size_t u = 0; u < n_units; ++u) unit(u, sc);
+  const size_t work = p.n_tree * size_t(p.n_head) * (p.n_prefix + p.n_tree) * size_t(p.head_dim);
+  if (pool == nullptr || pool->size() <= 1 || n_units == 1 || work < kSmallWork) {
+    for (size_t u = 0; u < n_units; ++u) unit(u);
     return;
   }
   std::atomic<size_t> next{0};
   pool->run([&](int, int) {
-    thread_local Scratch sc;
     for (size_t u = next.fetch_add(1, std::memory_order_relaxed); u < n_units;
          u = next.fetch_add(1, std::memory_order_relaxed))
-      unit(u, sc);
+      unit(u);
   });
 }
 
