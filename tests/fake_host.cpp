@@ -299,4 +299,14 @@ FakeHost::Pick FakeHost::shuffled(uint64_t seed) {
   return [rng](const std::vector<const LaunchRecord*>& c) { return size_t((*rng)() % c.size()); };
 }
 
+FakeHost::Pick FakeHost::favour(const std::string& role, double share, uint64_t seed) {
+  auto rng = std::make_shared<std::mt19937_64>(seed);
+  return [=](const std::vector<const LaunchRecord*>& c) {
+    const bool want = std::uniform_real_distribution<double>(0, 1)(*rng) < share;
+    for (size_t i = 0; i < c.size(); ++i)
+      if ((c[i]->role == role) == want) return i;
+    return size_t(0);
+  };
+}
+
 }  // namespace specmesh::test

@@ -103,6 +103,9 @@ class FakeHost final : public StrategyHost {
   static Pick oldest_first();
   static Pick prefer(const std::string& role);
   static Pick shuffled(uint64_t seed);
+  // The role's oldest run with probability `share` (a pipeline that much faster), else
+  // another role's.
+  static Pick favour(const std::string& role, double share, uint64_t seed);
 
   const std::vector<Event>& events() const { return events_; }
   std::vector<Event> events(EventKind kind, const std::string& role = {}) const;

@@ -250,16 +250,18 @@ TEST(StrategyPipeInfer, PipeInferMatchesGreedyAndKeepsItsInvariantsInAnyDelivery
     for (int32_t p = L; p < L + n + 8; ++p)
       if (rng() % 4 == 0) wrong.push_back(p);
     const bool cancel = trial % 2 == 0, too_late = trial % 4 == 1 || trial % 4 == 2;
-    const int mb = 1 + int(rng() % 4), max_runs = 1 + int(rng() % 6);
+    const int mb = 1 + int(rng() % 4), max_runs = 1 + int(rng() % 8);
     const float conf = 0.35f + 0.1f * float(rng() % 7);
     SCOPED_TRACE("trial " + std::to_string(trial) + ": cancel " + std::to_string(cancel) + ", too late " +
                  std::to_string(too_late) + ", max_micro_batch " + std::to_string(mb) + ", max_runs " +
                  std::to_string(max_runs));
     FakeHost h = make_host(greedy_oracle(kVocab, disagree_at(kTarget, wrong, kVocab), conf), n, too_late);
+    // From a draft as fast as the target (it never finishes a micro-batch before the chain
+    // moves) to one that always answers first.
     const FakeHost::Pick pick = trial % 5 == 0   ? FakeHost::oldest_first()
                                 : trial % 5 == 1 ? FakeHost::prefer(kDraft)
-                                : trial % 5 == 2 ? FakeHost::prefer(kTargetRole)
-                                                 : FakeHost::shuffled(rng());
+                                : trial % 5 == 2 ? FakeHost::shuffled(rng())
+                                                 : FakeHost::favour(kDraft, trial % 5 == 3 ? 0.8 : 0.95, rng());
     h.start("pipeinfer", {{"max_micro_batch", mb}, {"max_runs", max_runs}, {"cancel", cancel}});
     bool ok = true;
     h.run_to_end(pick, [&] {
