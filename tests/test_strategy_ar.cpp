@@ -2,6 +2,8 @@
 // token just accepted, and exactly the oracle's greedy continuation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "fake_host.hpp"
 
 using namespace specmesh;
