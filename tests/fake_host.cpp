@@ -53,7 +53,7 @@ std::vector<int32_t> greedy_continuation(std::vector<int32_t> seq, const NextTok
 FakeHost::FakeHost(std::vector<int32_t> prompt, FakeHostOptions o)
     : opt_(o), prompt_(prompt), tokens_(std::move(prompt)), sampler_(o.sampling) {}
 
-void FakeHost::start(const std::string& name, const std::map<std::string, double>& params) {
+void FakeHost::start(const std::string& name, const std::map<std::string, ParamValue>& params) {
   const StrategyInfo& info = strategy(name);
   params_ = info.resolve(params);
   strategy_ = info.make(*this);

@@ -83,7 +83,7 @@ class FakeHost final : public StrategyHost {
   void script(const std::string& role, Oracle o) { oracles_[role] = std::move(o); }
   // Makes the registered strategy through its factory, parameters resolved by its schema, and
   // starts it.
-  void start(const std::string& name, const std::map<std::string, double>& params = {});
+  void start(const std::string& name, const std::map<std::string, ParamValue>& params = {});
 
   // Processes the role's queue up to `run` and hands its logits to the strategy, even when it
   // was cancelled (the cancel arrived too late).

@@ -168,7 +168,7 @@ TEST(StrategyPipeInfer, PipeInferLetsAValidSpeculativeRunCarryTheNewestToken) {
 }
 
 // The speculative micro-batches launched in one burst, before any target result.
-std::vector<size_t> first_burst(float confidence, const std::map<std::string, double>& params) {
+std::vector<size_t> first_burst(float confidence, const std::map<std::string, ParamValue>& params) {
   FakeHost h = make_host(greedy_oracle(kVocab, kTarget, confidence), 40);
   h.start("pipeinfer", params);
   draft_all(h);
@@ -179,7 +179,7 @@ std::vector<size_t> first_burst(float confidence, const std::map<std::string, do
 TEST(StrategyPipeInfer, PipeInferCutoffRisesByPRecoveryPerRunInABurst) {
   // Confidence 0.65 against cutoffs 0.5, 0.6, 0.7, 0.8: full micro-batches until the cutoff
   // passes it, then the one token launched regardless.
-  std::map<std::string, double> p = {{"max_micro_batch", 4}, {"max_runs", 5}, {"p_accept", 0.5},
+  std::map<std::string, ParamValue> p = {{"max_micro_batch", 4}, {"max_runs", 5}, {"p_accept", 0.5},
                                      {"p_recovery", 0.1}, {"p_decay", 0}};
   EXPECT_EQ(first_burst(0.65f, p), (std::vector<size_t>{4, 4, 1, 1}));
   p["p_recovery"] = 0;
@@ -200,7 +200,7 @@ TEST(StrategyPipeInfer, PipeInferCutoffRecoveryResetsOnATargetResult) {
 TEST(StrategyPipeInfer, PipeInferCutoffDecaysWhenSpeculationWouldYieldNothing) {
   // Confidence 0.35 never clears 0.5: the first run carries one token anyway and lowers the
   // cutoff to 0.4, the second lowers it to 0.3, which 0.35 clears from then on.
-  std::map<std::string, double> p = {{"max_micro_batch", 4}, {"max_runs", 5}, {"p_accept", 0.5},
+  std::map<std::string, ParamValue> p = {{"max_micro_batch", 4}, {"max_runs", 5}, {"p_accept", 0.5},
                                      {"p_recovery", 0}, {"p_decay", 0.1}};
   EXPECT_EQ(first_burst(0.35f, p), (std::vector<size_t>{1, 4, 4, 4}));
   p["p_decay"] = 0;
