@@ -1,0 +1,312 @@
+#include "fake_host.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <stdexcept>
+
+#include "specmesh/speculation/registry.hpp"
+
+namespace specmesh::test {
+
+std::vector<float> peaked(int n_vocab, int32_t token, float confidence) {
+  // softmax gives exp(a) / (exp(a) + n_vocab - 1) to the peak when the others are 0.
+  std::vector<float> l(size_t(n_vocab), 0.0f);
+  const double c = std::clamp(double(confidence), 1e-6, 1 - 1e-9);
+  l[size_t(token)] = float(std::log(c * (n_vocab - 1) / (1 - c)));
+  return l;
+}
+
+Oracle greedy_oracle(int n_vocab, NextToken next, float confidence) {
+  return [=](const std::vector<int32_t>& seen) { return peaked(n_vocab, next(seen), confidence); };
+}
+
+NextToken history_hash(int n_vocab, int32_t avoid) {
+  return [=](const std::vector<int32_t>& seen) {
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t t : seen) h = (h ^ uint64_t(t + 1)) * 1099511628211ull;
+    const int32_t n = avoid >= 0 ? n_vocab - 1 : n_vocab;
+    const int32_t t = int32_t((h >> 17) % uint64_t(n));
+    return avoid >= 0 && t >= avoid ? t + 1 : t;
+  };
+}
+
+NextToken disagree_at(NextToken target, std::vector<int32_t> positions, int n_vocab) {
+  return [=](const std::vector<int32_t>& seen) {
+    const int32_t t = target(seen);
+    const bool off = std::find(positions.begin(), positions.end(), int32_t(seen.size())) != positions.end();
+    return off ? (t + 1) % n_vocab : t;
+  };
+}
+
+std::vector<int32_t> greedy_continuation(std::vector<int32_t> seq, const NextToken& next, int n, int32_t stop) {
+  std::vector<int32_t> out;
+  while (int(out.size()) < n) {
+    const int32_t t = next(seq);
+    if (t == stop) break;
+    out.push_back(t);
+    seq.push_back(t);
+  }
+  return out;
+}
+
+FakeHost::FakeHost(std::vector<int32_t> prompt, FakeHostOptions o)
+    : opt_(o), prompt_(prompt), tokens_(std::move(prompt)), sampler_(o.sampling) {}
+
+void FakeHost::start(const std::string& name, const std::map<std::string, ParamValue>& params) {
+  const StrategyInfo& info = strategy(name);
+  params_ = info.resolve(params);
+  strategy_ = info.make(*this);
+  try {
+    strategy_->start();
+  } catch (const std::exception& e) {
+    finish(e.what());
+  }
+  after_message();
+}
+
+LaunchRecord& FakeHost::record(uint64_t run) {
+  for (LaunchRecord& r : launches_)
+    if (r.run == run) return r;
+  throw std::out_of_range("no run " + std::to_string(run) + " was launched");
+}
+
+const LaunchRecord& FakeHost::launch_of(uint64_t run) const { return const_cast<FakeHost*>(this)->record(run); }
+
+std::vector<const LaunchRecord*> FakeHost::launches(const std::string& role) const {
+  std::vector<const LaunchRecord*> out;
+  for (const LaunchRecord& r : launches_)
+    if (r.role == role) out.push_back(&r);
+  return out;
+}
+
+std::vector<Event> FakeHost::events(EventKind kind, const std::string& role) const {
+  std::vector<Event> out;
+  for (const Event& e : events_)
+    if (e.kind == kind && (role.empty() || e.role == role)) out.push_back(e);
+  return out;
+}
+
+std::vector<int32_t> FakeHost::generated() const { return {tokens_.begin() + prompt_.size(), tokens_.end()}; }
+
+uint64_t FakeHost::launch(const std::string& role, const Batch& batch, bool speculative) {
+  const uint64_t run = next_run_++;
+  LaunchRecord r;
+  r.run = run;
+  r.role = role;
+  r.batch = batch;
+  r.speculative = speculative;
+  launches_.push_back(std::move(r));
+  stages_[role].queue.emplace_back(run);
+  events_.push_back({EventKind::launch, role, run});
+  if (done_) error("run " + std::to_string(run) + " launched after generation ended");
+  if (role == kTargetRole) ++metrics_.runs_launched;
+  return run;
+}
+
+void FakeHost::kv_ops(const std::string& role, std::vector<KvOp> ops) {
+  events_.push_back({EventKind::kv_ops, role, 0, ops});
+  stages_[role].queue.emplace_back(std::move(ops));
+}
+
+void FakeHost::cancel(const std::string& role, const std::vector<uint64_t>& runs) {
+  if (runs.empty()) return;  // the head sends nothing either
+  events_.push_back({EventKind::cancel, role, 0, {}, runs});
+  for (uint64_t id : runs) record(id).cancelled = true;
+  if (role == kTargetRole) metrics_.runs_cancelled += runs.size();
+}
+
+bool FakeHost::accept(int32_t token) {
+  events_.push_back({EventKind::accept, {}, 0, {}, {}, token});
+  if (done_) {
+    error("accept(" + std::to_string(token) + ") after generation ended");
+    return false;
+  }
+  if (token < 0 || token >= opt_.vocab) error("accepted token " + std::to_string(token) + " is outside the vocabulary");
+  if (token == opt_.stop_token) {
+    finish();
+    return false;
+  }
+  tokens_.push_back(token);
+  if (int(generated().size()) >= opt_.n_predict) {
+    finish();
+    return false;
+  }
+  return true;
+}
+
+void FakeHost::finish(std::string err) {
+  events_.push_back({EventKind::finish, {}, 0, {}, {}, -1, err});
+  if (!err.empty()) error("finished with: " + err);
+  done_ = true;
+}
+
+// As the head: once the session is over the strategy abandons what is in flight and is gone.
+void FakeHost::after_message() {
+  if (done_ && strategy_) {
+    strategy_->abandon();
+    strategy_.reset();
+  }
+}
+
+void FakeHost::apply(Stage& st, const std::string& role, const KvOp& op) {
+  if (op.seq >= kMaxSeqs || op.dst_seq >= kMaxSeqs) return error(role + ": cache operation on a sequence out of range");
+  auto in_range = [&](int32_t pos) { return pos >= std::max(op.pos_begin, 0) && (op.pos_end < 0 || pos < op.pos_end); };
+  for (Cell& c : st.cells) {
+    switch (op.kind) {
+      case KvOpKind::remove:
+        if (in_range(c.pos)) c.seqs &= op.seq < 0 ? 0 : ~seq_bit(op.seq);
+        break;
+      case KvOpKind::copy:
+        if (op.seq != op.dst_seq && (c.seqs & seq_bit(op.seq)) && in_range(c.pos)) c.seqs |= seq_bit(op.dst_seq);
+        break;
+      case KvOpKind::keep: c.seqs &= seq_bit(op.seq); break;
+    }
+  }
+  std::erase_if(st.cells, [](const Cell& c) { return c.seqs == 0; });
+}
+
+void FakeHost::process(Stage& st, LaunchRecord& r, bool skip_if_cancelled) {
+  r.processed = true;
+  if (skip_if_cancelled && r.cancelled) {
+    r.dropped = true;
+    return;
+  }
+  const Batch& b = r.batch;
+  const std::string name = r.role + " run " + std::to_string(r.run);
+  if (b.is_tree()) error(name + ": token trees are not simulated");
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (b.seqs[i] == 0) error(name + ": batch token without a sequence");
+    st.cells.push_back({b.pos[i], b.tokens[i], b.seqs[i]});
+  }
+  auto oracle = oracles_.find(r.role);
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (!b.logits[i]) continue;
+    // What row i attends to: every cell of its sequences up to its position, which must be
+    // exactly one per position for the cache to be coherent.
+    std::vector<const Cell*> vis;
+    for (const Cell& c : st.cells)
+      if ((c.seqs & b.seqs[i]) && c.pos <= b.pos[i]) vis.push_back(&c);
+    std::stable_sort(vis.begin(), vis.end(), [](const Cell* a, const Cell* c) { return a->pos < c->pos; });
+    std::vector<int32_t> seen;
+    bool coherent = int32_t(vis.size()) == b.pos[i] + 1;
+    for (size_t k = 0; k < vis.size(); ++k) {
+      coherent = coherent && vis[k]->pos == int32_t(k);
+      seen.push_back(vis[k]->token);
+    }
+    if (!coherent) {
+      std::string at;
+      for (const Cell* c : vis) at += " " + std::to_string(c->pos);
+      error(name + " row " + std::to_string(i) + " at position " + std::to_string(b.pos[i]) + " sees positions" + at);
+    }
+    std::vector<float> l;
+    if (oracle == oracles_.end()) error("no script for role " + r.role);
+    else l = oracle->second(seen);
+    l.resize(size_t(opt_.vocab), 0.0f);
+    r.logits.insert(r.logits.end(), l.begin(), l.end());
+    r.seen.push_back(std::move(seen));
+  }
+}
+
+void FakeHost::process_until(const std::string& role, uint64_t run) {
+  Stage& st = stages_[role];
+  while (!st.queue.empty()) {
+    auto item = std::move(st.queue.front());
+    st.queue.erase(st.queue.begin());
+    if (auto* ops = std::get_if<std::vector<KvOp>>(&item)) {
+      for (const KvOp& op : *ops) apply(st, role, op);
+      continue;
+    }
+    const uint64_t id = std::get<uint64_t>(item);
+    LaunchRecord& r = record(id);
+    if (id == run) return process(st, r, false);
+    process(st, r, !opt_.cancel_too_late);
+  }
+}
+
+void FakeHost::deliver(uint64_t run) {
+  LaunchRecord& r = record(run);
+  if (!r.pending()) return error("run " + std::to_string(run) + " settled twice");
+  if (!r.processed) process_until(r.role, run);
+  r.delivered = true;
+  if (!strategy_) return;  // the session is over: the head has nobody to hand it to
+  std::vector<int32_t> rows;
+  for (size_t i = 0; i < r.batch.size(); ++i)
+    if (r.batch.logits[i]) rows.push_back(int32_t(i));
+  Logits l;
+  l.pipeline = r.role;
+  l.rows = rows;
+  l.logits = Tensor::from(WireDType::f32, {int64_t(rows.size()), int64_t(opt_.vocab)}, r.logits);
+  try {
+    strategy_->on_logits(run, l);
+  } catch (const std::exception& e) {
+    finish(e.what());
+  }
+  after_message();
+}
+
+void FakeHost::drop(uint64_t run) {
+  LaunchRecord& r = record(run);
+  if (!r.pending()) return error("run " + std::to_string(run) + " settled twice");
+  if (!r.cancelled) return error("run " + std::to_string(run) + " dropped but never cancelled");
+  if (!r.processed) process_until(r.role, run);
+  r.dropped = true;
+}
+
+std::optional<uint64_t> FakeHost::oldest(const std::string& role) const {
+  for (const LaunchRecord& r : launches_)
+    if (r.role == role && r.pending()) return r.run;
+  return std::nullopt;
+}
+
+bool FakeHost::settle_next(const std::string& role) {
+  const auto run = oldest(role);
+  if (!run) return false;
+  const LaunchRecord& r = launch_of(*run);
+  if (r.cancelled && !opt_.cancel_too_late) drop(*run);
+  else deliver(*run);
+  return true;
+}
+
+void FakeHost::run_to_end(const Pick& pick, const std::function<void()>& after, int max_steps) {
+  for (int step = 0; !done_; ++step) {
+    if (step == max_steps) return error("still generating after " + std::to_string(max_steps) + " results");
+    std::vector<const LaunchRecord*> heads;
+    for (const auto& [role, st] : stages_)
+      if (auto run = oldest(role)) heads.push_back(&launch_of(*run));
+    if (heads.empty()) return error("stalled: nothing in flight and generation not over");
+    settle_next(heads[pick(heads) % heads.size()]->role);
+    if (after) after();
+  }
+}
+
+FakeHost::Pick FakeHost::oldest_first() {
+  return [](const std::vector<const LaunchRecord*>& c) {
+    return size_t(std::min_element(c.begin(), c.end(), [](auto* a, auto* b) { return a->run < b->run; }) - c.begin());
+  };
+}
+
+FakeHost::Pick FakeHost::prefer(const std::string& role) {
+  return [role](const std::vector<const LaunchRecord*>& c) {
+    for (size_t i = 0; i < c.size(); ++i)
+      if (c[i]->role == role) return i;
+    return oldest_first()(c);
+  };
+}
+
+FakeHost::Pick FakeHost::shuffled(uint64_t seed) {
+  auto rng = std::make_shared<std::mt19937_64>(seed);
+  return [rng](const std::vector<const LaunchRecord*>& c) { return size_t((*rng)() % c.size()); };
+}
+
+FakeHost::Pick FakeHost::favour(const std::string& role, double share, uint64_t seed) {
+  auto rng = std::make_shared<std::mt19937_64>(seed);
+  return [=](const std::vector<const LaunchRecord*>& c) {
+    const bool want = std::uniform_real_distribution<double>(0, 1)(*rng) < share;
+    for (size_t i = 0; i < c.size(); ++i)
+      if ((c[i]->role == role) == want) return i;
+    return size_t(0);
+  };
+}
+
+}  // namespace specmesh::test

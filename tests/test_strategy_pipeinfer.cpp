@@ -1,0 +1,284 @@
+// PipeInfer at the message level: several target runs in flight, cancellation of runs built
+// on rejected tokens, the adaptive confidence cutoff, micro-batch sizes, and the target's
+// greedy output whatever order results arrive in.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <random>
+
+#include "fake_host.hpp"
+
+using namespace specmesh;
+using namespace specmesh::test;
+
+namespace {
+
+constexpr int kVocab = 32;
+const char* const kDraft = "draft";
+const std::vector<int32_t> kPrompt = {3, 1, 4, 1, 5};
+const int32_t L = int32_t(kPrompt.size());
+
+const NextToken kTarget = history_hash(kVocab);
+
+FakeHost make_host(const Oracle& draft, int n_predict, bool cancel_too_late = false) {
+  FakeHost h(kPrompt, {.vocab = kVocab, .n_predict = n_predict, .cancel_too_late = cancel_too_late});
+  h.script(kTargetRole, greedy_oracle(kVocab, kTarget));
+  h.script(kDraft, draft);
+  return h;
+}
+
+// Settles every draft run, so the strategy fills the target pipeline as far as it will.
+void draft_all(FakeHost& h) {
+  while (h.settle_next(kDraft)) {
+  }
+}
+
+std::vector<const LaunchRecord*> speculative_runs(const FakeHost& h) {
+  std::vector<const LaunchRecord*> out;
+  for (const LaunchRecord* r : h.launches(kTargetRole))
+    if (r->speculative) out.push_back(r);
+  return out;
+}
+
+std::vector<size_t> sizes(const std::vector<const LaunchRecord*>& runs) {
+  std::vector<size_t> out;
+  for (const LaunchRecord* r : runs) out.push_back(r->batch.size());
+  return out;
+}
+
+int seq_of(const LaunchRecord& r) { return std::countr_zero(r.batch.seqs[0]); }
+
+// Cancels the strategy sent while generating (abandon() cancels what is left at the end).
+std::vector<Event> cancels_while_generating(const FakeHost& h) {
+  std::vector<Event> out;
+  for (const Event& e : h.events()) {
+    if (e.kind == EventKind::finish) break;
+    if (e.kind == EventKind::cancel) out.push_back(e);
+  }
+  return out;
+}
+
+int target_in_flight(const FakeHost& h) {
+  int n = 0;
+  for (const LaunchRecord* r : h.launches(kTargetRole)) n += r->in_flight();
+  return n;
+}
+
+// Whether an in-flight target run feeds the newest accepted token, and how.
+enum class Carrier { none, non_speculative, speculative };
+Carrier newest_token_carrier(const FakeHost& h) {
+  const auto& A = h.tokens();
+  const int32_t last = int32_t(A.size()) - 1;
+  Carrier found = Carrier::none;
+  for (const LaunchRecord* r : h.launches(kTargetRole)) {
+    if (!r->in_flight()) continue;
+    const Batch& b = r->batch;
+    bool carries = false, agrees = true;
+    for (size_t i = 0; i < b.size(); ++i) {
+      if (b.pos[i] <= last) agrees = agrees && b.tokens[i] == A[size_t(b.pos[i])];
+      carries = carries || (b.pos[i] == last && b.logits[i]);
+    }
+    if (!carries || !agrees) continue;
+    if (!r->speculative) return Carrier::non_speculative;
+    found = Carrier::speculative;
+  }
+  return found;
+}
+
+TEST(StrategyPipeInfer, PipeInferCancelsRunsBuiltOnARejectedToken) {
+  // One-token micro-batches; the draft is wrong about the second token after the prompt, so
+  // the second and third speculative runs are built on a token the target rejects.
+  FakeHost h = make_host(greedy_oracle(kVocab, disagree_at(kTarget, {L + 1}, kVocab)), 16);
+  h.start("pipeinfer", {{"max_micro_batch", 1}, {"max_runs", 4}, {"p_accept", 0}, {"p_recovery", 0}});
+  draft_all(h);
+  const auto spec = speculative_runs(h);
+  ASSERT_EQ(spec.size(), 3u);  // with the prompt run: max_runs in flight
+  const auto greedy = greedy_continuation(kPrompt, kTarget, 16);
+  EXPECT_EQ(spec[0]->batch.tokens, std::vector<int32_t>{greedy[0]});
+  EXPECT_NE(spec[1]->batch.tokens[0], greedy[1]);
+  EXPECT_TRUE(h.events(EventKind::cancel).empty());
+
+  h.settle_next(kTargetRole);  // the prompt: accepts greedy[0], which the first run carries
+  EXPECT_TRUE(h.events(EventKind::cancel).empty());
+  h.settle_next(kTargetRole);  // the first speculative run: greedy[1] rejects the second
+  const auto cancels = h.events(EventKind::cancel, kTargetRole);
+  ASSERT_EQ(cancels.size(), 1u);
+  EXPECT_EQ(cancels[0].runs, (std::vector<uint64_t>{spec[1]->run, spec[2]->run}));
+  // Their partitions are released right after the cancel, in order with the runs.
+  const auto& ev = h.events();
+  auto at = std::find_if(ev.begin(), ev.end(), [](const Event& e) { return e.kind == EventKind::cancel; });
+  ASSERT_NE(at + 1, ev.end());
+  EXPECT_EQ((at + 1)->kind, EventKind::kv_ops);
+  EXPECT_EQ((at + 1)->ops, (std::vector<KvOp>{{KvOpKind::remove, seq_of(*spec[1]), -1, -1, -1},
+                                              {KvOpKind::remove, seq_of(*spec[2]), -1, -1, -1}}));
+  // The corrected token goes back in as a non-speculative run.
+  ASSERT_NE(at + 2, ev.end());
+  ASSERT_EQ((at + 2)->kind, EventKind::launch);
+  const LaunchRecord& next = h.launch_of((at + 2)->run);
+  EXPECT_FALSE(next.speculative);
+  EXPECT_EQ(next.batch.tokens, std::vector<int32_t>{greedy[1]});
+  EXPECT_EQ(next.batch.pos, std::vector<int32_t>{L + 1});
+
+  h.run_to_end(FakeHost::oldest_first());
+  EXPECT_EQ(h.generated(), greedy);
+  EXPECT_TRUE(spec[1]->dropped && spec[2]->dropped);
+  EXPECT_TRUE(h.errors().empty()) << h.errors().front();
+}
+
+TEST(StrategyPipeInfer, PipeInferWithoutCancelLetsInvalidRunsFinishAndWastes) {
+  FakeHost h = make_host(greedy_oracle(kVocab, disagree_at(kTarget, {L + 1}, kVocab)), 16);
+  h.start("pipeinfer", {{"max_micro_batch", 1}, {"max_runs", 4}, {"p_accept", 0}, {"p_recovery", 0}, {"cancel", 0}});
+  draft_all(h);
+  const auto spec = speculative_runs(h);
+  ASSERT_EQ(spec.size(), 3u);
+  h.run_to_end(FakeHost::oldest_first());
+  EXPECT_EQ(h.generated(), greedy_continuation(kPrompt, kTarget, 16));
+  EXPECT_TRUE(cancels_while_generating(h).empty());
+  EXPECT_TRUE(spec[1]->delivered && spec[2]->delivered);
+  EXPECT_GE(h.metrics().runs_wasted, 2);
+  EXPECT_TRUE(h.errors().empty()) << h.errors().front();
+}
+
+TEST(StrategyPipeInfer, PipeInferIgnoresCancelledRunsWhoseLogitsArriveAnyway) {
+  FakeHost h = make_host(greedy_oracle(kVocab, disagree_at(kTarget, {L + 1, L + 6}, kVocab)), 16, true);
+  h.start("pipeinfer", {{"max_micro_batch", 1}, {"max_runs", 4}, {"p_accept", 0}, {"p_recovery", 0}});
+  h.run_to_end(FakeHost::prefer(kDraft));
+  EXPECT_EQ(h.generated(), greedy_continuation(kPrompt, kTarget, 16));
+  int late = 0;
+  for (const LaunchRecord* r : h.launches(kTargetRole)) late += r->cancelled && r->delivered;
+  EXPECT_GE(late, 2);
+  EXPECT_TRUE(h.errors().empty()) << h.errors().front();
+}
+
+TEST(StrategyPipeInfer, PipeInferLetsAValidSpeculativeRunCarryTheNewestToken) {
+  // The first speculative run feeds the token the prompt run then yields, so no
+  // non-speculative run is launched for it: the speculative run's logits are the next token.
+  FakeHost h = make_host(greedy_oracle(kVocab, kTarget), 16);
+  h.start("pipeinfer", {{"max_micro_batch", 1}, {"max_runs", 3}, {"p_accept", 0}, {"p_recovery", 0}});
+  draft_all(h);
+  h.settle_next(kTargetRole);
+  EXPECT_EQ(newest_token_carrier(h), Carrier::speculative);
+  const auto target = h.launches(kTargetRole);
+  EXPECT_EQ(std::count_if(target.begin(), target.end(), [](auto* r) { return !r->speculative; }), 1)
+      << "only the prompt ran non-speculatively";
+  h.run_to_end(FakeHost::oldest_first());
+  EXPECT_EQ(h.generated(), greedy_continuation(kPrompt, kTarget, 16));
+  EXPECT_TRUE(h.errors().empty()) << h.errors().front();
+}
+
+// The speculative micro-batches launched in one burst, before any target result.
+std::vector<size_t> first_burst(float confidence, const std::map<std::string, ParamValue>& params) {
+  FakeHost h = make_host(greedy_oracle(kVocab, kTarget, confidence), 40);
+  h.start("pipeinfer", params);
+  draft_all(h);
+  EXPECT_TRUE(h.errors().empty()) << h.errors().front();
+  return sizes(speculative_runs(h));
+}
+
+TEST(StrategyPipeInfer, PipeInferCutoffRisesByPRecoveryPerRunInABurst) {
+  // Confidence 0.65 against cutoffs 0.5, 0.6, 0.7, 0.8: full micro-batches until the cutoff
+  // passes it, then the one token launched regardless.
+  std::map<std::string, ParamValue> p = {{"max_micro_batch", 4}, {"max_runs", 5}, {"p_accept", 0.5},
+                                     {"p_recovery", 0.1}, {"p_decay", 0}};
+  EXPECT_EQ(first_burst(0.65f, p), (std::vector<size_t>{4, 4, 1, 1}));
+  p["p_recovery"] = 0;
+  EXPECT_EQ(first_burst(0.65f, p), (std::vector<size_t>{4, 4, 4, 4}));
+}
+
+TEST(StrategyPipeInfer, PipeInferCutoffRecoveryResetsOnATargetResult) {
+  FakeHost h = make_host(greedy_oracle(kVocab, kTarget, 0.65f), 40);
+  h.start("pipeinfer", {{"max_micro_batch", 4}, {"max_runs", 5}, {"p_accept", 0.5}, {"p_recovery", 0.1}, {"p_decay", 0}});
+  draft_all(h);
+  ASSERT_EQ(sizes(speculative_runs(h)), (std::vector<size_t>{4, 4, 1, 1}));
+  h.settle_next(kTargetRole);
+  draft_all(h);
+  EXPECT_EQ(sizes(speculative_runs(h)), (std::vector<size_t>{4, 4, 1, 1, 4}));
+  EXPECT_TRUE(h.errors().empty()) << h.errors().front();
+}
+
+TEST(StrategyPipeInfer, PipeInferCutoffDecaysWhenSpeculationWouldYieldNothing) {
+  // Confidence 0.35 never clears 0.5: the first run carries one token anyway and lowers the
+  // cutoff to 0.4, the second lowers it to 0.3, which 0.35 clears from then on.
+  std::map<std::string, ParamValue> p = {{"max_micro_batch", 4}, {"max_runs", 5}, {"p_accept", 0.5},
+                                     {"p_recovery", 0}, {"p_decay", 0.1}};
+  EXPECT_EQ(first_burst(0.35f, p), (std::vector<size_t>{1, 4, 4, 4}));
+  p["p_decay"] = 0;
+  EXPECT_EQ(first_burst(0.35f, p), (std::vector<size_t>{1, 1, 1, 1}));
+}
+
+TEST(StrategyPipeInfer, PipeInferLaunchesMicroBatchesOfMaxMicroBatchTokens) {
+  for (int mb = 1; mb <= 4; ++mb) {
+    SCOPED_TRACE("max_micro_batch " + std::to_string(mb));
+    FakeHost h = make_host(greedy_oracle(kVocab, kTarget), 24);
+    h.start("pipeinfer", {{"max_micro_batch", mb}, {"max_runs", 4}, {"p_recovery", 0}});
+    draft_all(h);
+    const auto spec = speculative_runs(h);
+    ASSERT_EQ(spec.size(), 3u);
+    const auto greedy = greedy_continuation(kPrompt, kTarget, 24);
+    std::vector<int> seqs;
+    int32_t next_pos = L;
+    for (const LaunchRecord* r : spec) {
+      const Batch& b = r->batch;
+      ASSERT_EQ(b.size(), size_t(mb));
+      for (size_t i = 0; i < b.size(); ++i) {
+        EXPECT_EQ(b.pos[i], next_pos);
+        EXPECT_EQ(b.tokens[i], greedy[size_t(next_pos - L)]);
+        EXPECT_EQ(b.seqs[i], b.seqs[0]);
+        EXPECT_TRUE(b.logits[i]);
+        ++next_pos;
+      }
+      EXPECT_EQ(std::popcount(b.seqs[0]), 1);
+      seqs.push_back(seq_of(*r));
+    }
+    // Each run in its own partition, never the canonical sequence.
+    std::sort(seqs.begin(), seqs.end());
+    EXPECT_EQ(std::unique(seqs.begin(), seqs.end()), seqs.end());
+    EXPECT_GT(seqs.front(), 0);
+    h.run_to_end(FakeHost::oldest_first());
+    EXPECT_EQ(h.generated(), greedy);
+    EXPECT_TRUE(cancels_while_generating(h).empty()) << "a perfect draft invalidates nothing";
+    EXPECT_TRUE(h.errors().empty()) << h.errors().front();
+  }
+}
+
+TEST(StrategyPipeInfer, PipeInferMatchesGreedyAndKeepsItsInvariantsInAnyDeliveryOrder) {
+  const int n = 40;
+  const auto greedy = greedy_continuation(kPrompt, kTarget, n);
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 160; ++trial) {
+    std::vector<int32_t> wrong;
+    for (int32_t p = L; p < L + n + 8; ++p)
+      if (rng() % 4 == 0) wrong.push_back(p);
+    const bool cancel = trial % 2 == 0, too_late = trial % 4 == 1 || trial % 4 == 2;
+    const int mb = 1 + int(rng() % 4), max_runs = 1 + int(rng() % 8);
+    const float conf = 0.35f + 0.1f * float(rng() % 7);
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": cancel " + std::to_string(cancel) + ", too late " +
+                 std::to_string(too_late) + ", max_micro_batch " + std::to_string(mb) + ", max_runs " +
+                 std::to_string(max_runs));
+    FakeHost h = make_host(greedy_oracle(kVocab, disagree_at(kTarget, wrong, kVocab), conf), n, too_late);
+    // From a draft as fast as the target (it never finishes a micro-batch before the chain
+    // moves) to one that always answers first.
+    const FakeHost::Pick pick = trial % 5 == 0   ? FakeHost::oldest_first()
+                                : trial % 5 == 1 ? FakeHost::prefer(kDraft)
+                                : trial % 5 == 2 ? FakeHost::shuffled(rng())
+                                                 : FakeHost::favour(kDraft, trial % 5 == 3 ? 0.8 : 0.95, rng());
+    h.start("pipeinfer", {{"max_micro_batch", mb}, {"max_runs", max_runs}, {"cancel", cancel}});
+    bool ok = true;
+    h.run_to_end(pick, [&] {
+      if (!ok || h.done()) return;
+      ok = newest_token_carrier(h) != Carrier::none;
+      EXPECT_TRUE(ok) << "nothing in flight feeds the newest accepted token";
+      EXPECT_LE(target_in_flight(h), max_runs);
+      if (!cancel) return;
+      for (const LaunchRecord* r : h.launches(kTargetRole))
+        if (r->in_flight() && r->speculative)
+          EXPECT_GE(r->batch.pos.back() + 1, int32_t(h.tokens().size())) << "superfluous run " << r->run;
+    });
+    ASSERT_EQ(h.generated(), greedy);
+    ASSERT_TRUE(h.errors().empty()) << h.errors().front();
+    if (!cancel) ASSERT_TRUE(cancels_while_generating(h).empty());
+  }
+}
+
+}  // namespace
