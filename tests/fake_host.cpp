@@ -174,19 +174,31 @@ void FakeHost::process(Stage& st, LaunchRecord& r, bool skip_if_cancelled) {
   }
   const Batch& b = r.batch;
   const std::string name = r.role + " run " + std::to_string(r.run);
-  if (b.is_tree()) error(name + ": token trees are not simulated");
+  const size_t first = st.cells.size();
   for (size_t i = 0; i < b.size(); ++i) {
     if (b.seqs[i] == 0) error(name + ": batch token without a sequence");
     st.cells.push_back({b.pos[i], b.tokens[i], b.seqs[i]});
   }
+  // A tree batch: a node sees its ancestors in the batch (by parent links, independently of
+  // the production mask) and the cached cells of its sequences before the tree's first position.
+  auto tree_sees = [&](size_t i, size_t cell) {
+    if (cell >= first) {
+      for (int32_t a = int32_t(i); a >= 0; a = b.parent[size_t(a)])
+        if (size_t(a) == cell - first) return true;
+      return false;
+    }
+    return (st.cells[cell].seqs & b.seqs[i]) && st.cells[cell].pos < b.pos[0];
+  };
   auto oracle = oracles_.find(r.role);
   for (size_t i = 0; i < b.size(); ++i) {
     if (!b.logits[i]) continue;
     // What row i attends to: every cell of its sequences up to its position, which must be
     // exactly one per position for the cache to be coherent.
     std::vector<const Cell*> vis;
-    for (const Cell& c : st.cells)
-      if ((c.seqs & b.seqs[i]) && c.pos <= b.pos[i]) vis.push_back(&c);
+    for (size_t k = 0; k < st.cells.size(); ++k) {
+      const Cell& c = st.cells[k];
+      if (b.is_tree() ? tree_sees(i, k) : (c.seqs & b.seqs[i]) && c.pos <= b.pos[i]) vis.push_back(&c);
+    }
     std::stable_sort(vis.begin(), vis.end(), [](const Cell* a, const Cell* c) { return a->pos < c->pos; });
     std::vector<int32_t> seen;
     bool coherent = int32_t(vis.size()) == b.pos[i] + 1;

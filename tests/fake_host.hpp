@@ -128,6 +128,7 @@ class FakeHost final : public StrategyHost {
   SpecMetrics& metrics() override { return metrics_; }
   const std::vector<int32_t>& prompt() const override { return prompt_; }
   const std::vector<int32_t>& tokens() const override { return tokens_; }
+  bool has_role(const std::string& role) const override { return oracles_.count(role) > 0; }
   int vocab() const override { return opt_.vocab; }
   int n_batch() const override { return opt_.n_batch; }
   const StrategyParams& params() const override { return params_; }

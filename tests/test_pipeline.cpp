@@ -203,7 +203,7 @@ TEST(Topology, ErrorsNameFileLineAndKey) {
   EXPECT_EQ(err(two + "strategy = \"spec\"\n[run.params]\np_accept = nan\n"),
             "t.toml:10: run.params.p_accept: parameter p_accept (float, 0..1, default 0.5): must be a finite number");
   EXPECT_EQ(err(two + "strategy = \"spec\"\n[run.params]\ncancel = true\n"),
-            "t.toml:10: run.params.cancel: strategy \"spec\" has no parameter 'cancel' (it takes n_draft, p_accept)");
+            "t.toml:10: run.params.cancel: strategy \"spec\" has no parameter 'cancel' (it takes n_draft, p_accept, tree, tree_nodes)");
   EXPECT_EQ(err(two + "[run.roles]\ndraft2 = \"nope\"\n"), "t.toml:9: run.roles.draft2: names no model in [models]: 'nope'");
   EXPECT_EQ(err(two + "[[stages]]\nrole = \"retrieval\"\n"), "t.toml:9: stages[0].role: names no pipeline role of [run]: 'retrieval'");
   EXPECT_EQ(err("[models.t]\npath = \"x\"\n[run]\nn_predict = \"many\"\n"), "t.toml:4: run.n_predict: expected an integer");

@@ -15,12 +15,9 @@
 #include <span>
 #include <vector>
 
-namespace specmesh {
+#include "specmesh/kernels/tree_attention.hpp"  // TreeSpan
 
-struct TreeSpan {
-  int32_t start = 0;
-  int32_t end = 0;  // one past the last node of the subtree
-};
+namespace specmesh {
 
 class AttentionMask {
  public:

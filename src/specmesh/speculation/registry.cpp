@@ -99,8 +99,11 @@ std::string strategies_markdown() {
     for (const StrategyInfo& s : strategies())
       if (s.param(p.name)) users.push_back(s.name);
     for (const auto& f : p.flags) flags.push_back("`" + f + "`");
-    const std::string range =
-        p.type == ParamType::Bool ? "" : format_value(p, ParamValue(p.min)) + " – " + format_value(p, ParamValue(p.max));
+    std::string range;
+    if (p.type == ParamType::IntList)
+      range = std::to_string(int(p.min)) + " – " + std::to_string(int(p.max)) + " each, at most " + std::to_string(p.max_len);
+    else if (p.type != ParamType::Bool)
+      range = format_value(p, ParamValue(p.min)) + " – " + format_value(p, ParamValue(p.max));
     o << "| `" << p.name << "` | " << join(users, ", ") << " | " << to_string(p.type) << " | " << range << " | "
       << format_value(p, p.default_value()) << " | " << join(flags, " ") << " | " << p.help << " |\n";
   }

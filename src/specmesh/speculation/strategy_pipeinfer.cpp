@@ -1,7 +1,8 @@
 // PipeInfer: asynchronous, continuous speculation over a pipelined target.
 //
-// The target pipeline always has a non-speculative run of the newest accepted token in
-// flight (it writes straight into the canonical sequence 0 and always completes). Whenever
+// The newest accepted token is always in a target run in flight: a non-speculative run of
+// it (which writes straight into the canonical sequence 0 and always completes), unless a
+// valid speculative run already carries it, whose logits then serve just as well. Whenever
 // fewer than max_runs target runs are in flight, the head asks the draft pipeline for a
 // micro-batch of 1-4 tokens (as many as clear the confidence cutoff, at least one: an idle
 // pipeline is the worst use of it) continuing the speculative chain (accepted tokens followed by
@@ -275,7 +276,7 @@ class PipeInfer final : public Strategy {
 StrategyInfo strategy_info_pipeinfer() {
   StrategyInfo s;
   s.name = "pipeinfer";
-  s.summary = "PipeInfer: a non-speculative run of the newest accepted token is always in flight; whenever fewer than "
+  s.summary = "PipeInfer: the newest accepted token is always in a run in flight (a non-speculative run of it, unless a valid speculative run already carries it); whenever fewer than "
               "`max_runs` target runs are in flight the draft pipeline proposes a micro-batch of 1-4 tokens, launched "
               "as a speculative run in its own KV sequence partition (canonical sequence 0 holds accepted tokens); the "
               "draft's confidence cutoff rises by `p_recovery` for every further speculative run in a burst and falls by "

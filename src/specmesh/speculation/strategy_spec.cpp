@@ -232,7 +232,10 @@ StrategyInfo strategy_info_spec() {
   s.name = "spec";
   s.summary = "the draft proposes up to `n_draft` tokens (stopping early when its confidence falls below `p_accept`), "
               "the target verifies them in one batch: greedy matching at temperature 0, exact rejection sampling "
-              "otherwise (accept with min(1, p/q), resample from max(0, p - q))";
+              "otherwise (accept with min(1, p/q), resample from max(0, p - q)); with `tree` (children per depth) or "
+              "further drafts (roles `draft2`, ...) the drafts grow token trees, merged by common prefix, that the "
+              "target verifies in one run with a DFS-interval mask (SpecInfer; exact multi-draft sampling, children "
+              "drawn without replacement)";
   s.roles = {kTargetRole, kDraftRole};
   s.default_for_roles = true;
   s.params = {
