@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -51,8 +52,9 @@ std::vector<int32_t> reference(const std::string& model, const std::string& prom
 }
 
 // transport "inproc": every node in this process; otherwise separate processes.
+// `draft2`, when set, is a second draft (role draft2) on the head's device.
 std::string topology(const std::string& target, const std::string& draft, const std::string& strategy, int stages,
-                     const std::string& transport, const std::string& params) {
+                     const std::string& transport, const std::string& params, const std::string& draft2 = "") {
   static std::atomic<int> n{0};
   const int id = n++;
   stages = std::min(stages, Model::load(path_of(target))->hparams().n_layer);  // draft-tiny has 2 layers
@@ -64,6 +66,9 @@ std::string topology(const std::string& target, const std::string& draft, const 
   std::ofstream f(path);
   f << "[run]\nmodel = \"target\"\ndraft = \"draft\"\nstrategy = \"" << strategy << "\"\nn_predict = 48\n"
     << "[run.params]\n" << params << "\n";
+  if (!draft2.empty())
+    f << "[run.roles]\ndraft2 = \"draft2\"\n[models.draft2]\npath = \"" << path_of(draft2) << "\"\n[[stages]]\nmodel = \"draft2\"\n"
+      << "device = \"draft\"\nlayers = [0, " << Model::load(path_of(draft2))->hparams().n_layer << "]\n";
   f << "[models.target]\npath = \"" << path_of(target) << "\"\n[models.draft]\npath = \"" << path_of(draft) << "\"\n";
   f << "[nodes.head]\nendpoint = \"" << ep("head") << "\"\nhead = true\n";
   f << "[devices.draft]\nnode = \"head\"\n";
@@ -83,17 +88,24 @@ RuntimeOptions opts(const std::string& transport) {
   return o;
 }
 
-void expect_lossless(const std::string& strategy, const std::string& transport, int stages, const std::string& params) {
+// With two_drafts, the second draft is the next model after the first that is not the target.
+void expect_lossless(const std::string& strategy, const std::string& transport, int stages, const std::string& params,
+                     bool two_drafts = false) {
   const std::vector<std::string> prompts = {"Once upon a time", "Lily and Tom"};
   for (const auto& target : kModels) {
     for (const auto& draft : kModels) {
       if (draft == target) continue;
-      auto rt = Runtime::open(topology(target, draft, strategy, stages, transport, params), opts(transport));
+      std::string draft2;
+      for (size_t k = 1; two_drafts && k < kModels.size() && draft2.empty(); ++k) {
+        const std::string& m = kModels[(std::find(kModels.begin(), kModels.end(), draft) - kModels.begin() + k) % kModels.size()];
+        if (m != target) draft2 = m;
+      }
+      auto rt = Runtime::open(topology(target, draft, strategy, stages, transport, params, draft2), opts(transport));
       for (const auto& prompt : prompts) {
         auto r = rt->generate({.prompt = prompt, .n_predict = 48});
         ASSERT_TRUE(r.ok()) << r.error;
         EXPECT_EQ(r.ids, reference(target, prompt, 48))
-            << strategy << " " << draft << " -> " << target << " over " << stages << " stages (" << transport << ", "
+            << strategy << " " << draft << (draft2.empty() ? "" : " + " + draft2) << " -> " << target << " over " << stages << " stages (" << transport << ", "
             << params << "), prompt '" << prompt << "'";
       }
     }
@@ -121,13 +133,32 @@ TEST(Lossless, SpecAndPipeInferOverThreeProcesses) {
   expect_lossless("pipeinfer", "ipc", 3, "cancel = 0");
 }
 
+TEST(Lossless, TreeSpecSingleProcess) {
+  SPECMESH_REQUIRE_REFDATA();
+  expect_lossless("spec", "inproc", 1, "tree = \"1,1,3,1,1,1\"\np_accept = 0.0");
+  expect_lossless("spec", "inproc", 2, "tree = [2, 2, 2]\np_accept = 0.2\ntree_nodes = 10");
+}
+
+TEST(Lossless, TreeSpecMergesTwoDrafts) {
+  SPECMESH_REQUIRE_REFDATA();
+  expect_lossless("spec", "inproc", 1, "n_draft = 4\np_accept = 0.0", true);
+  expect_lossless("spec", "inproc", 2, "tree = \"1,2,1,1\"\np_accept = 0.1", true);
+}
+
+TEST(Lossless, TreeSpecOverThreeProcesses) {
+  SPECMESH_REQUIRE_REFDATA();
+  expect_lossless("spec", "ipc", 3, "tree = \"1,1,3,1,1\"\np_accept = 0.0");
+  expect_lossless("spec", "ipc", 3, "tree = \"2,1,1\"\np_accept = 0.0", true);
+}
+
 namespace {
 
 // Per-position token counts of `runs` sampled generations of `n` tokens at temperature 1.
-std::vector<std::map<int32_t, int>> sample_counts(const std::string& strategy, int runs, int n) {
+std::vector<std::map<int32_t, int>> sample_counts(const std::string& strategy, int runs, int n,
+                                                  const std::string& extra = "") {
   const std::string target = "stories260K", draft = "stories260K-draft-tiny";
   // ar takes no parameters; it runs on the same topology, the draft pipeline idle.
-  const std::string params = strategy == "ar" ? "" : "n_draft = 3\np_accept = 0.0";
+  const std::string params = strategy == "ar" ? "" : "n_draft = 3\np_accept = 0.0\n" + extra;
   auto rt = Runtime::open(topology(target, draft, strategy, 1, "inproc", params), opts("inproc"));
   std::vector<std::map<int32_t, int>> counts(n);
   for (int i = 0; i < runs; ++i) {
@@ -186,6 +217,20 @@ TEST(Stochastic, SpecTokenFrequenciesMatchAutoregression) {
   }
   // The positions after the first really vary (a test on constant outputs would prove nothing).
   EXPECT_GT(ar[1].size(), 3u);
+}
+
+// Tree speculation samples from the target's distribution too: children drawn without
+// replacement, verified with the residual on both sides.
+TEST(Stochastic, TreeSpecTokenFrequenciesMatchAutoregression) {
+  SPECMESH_REQUIRE_REFDATA();
+  const int runs = 600, n = 4;
+  auto ar = sample_counts("ar", runs, n);
+  auto tree = sample_counts("spec", runs, n, "tree = \"3,2,1\"");
+  for (int k = 0; k < n; ++k) {
+    auto [chi2, dof] = homogeneity(ar[k], tree[k]);
+    ASSERT_GT(dof, 0);
+    EXPECT_LT(chi2, chi2_critical(dof)) << "position " << k << ": chi2 " << chi2 << " with " << dof << " dof";
+  }
 }
 
 // Early cancellation removes work: with slow target stages and a weak draft, fewer stage

@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <algorithm>
 #include <functional>
+#include <memory>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -503,6 +505,93 @@ TEST(VerifyTreeStochastic, DeterministicSiblingsFollowTheTarget) {
   std::printf("[  chi2    ] tree, one-hot siblings, first token: chi2 = %.3f  (%d dof, critical %.3f)\n", c.value,
               c.dof, chi2_critical_001(c.dof));
   EXPECT_LT(c.value, chi2_critical_001(c.dof));
+}
+
+// A TokenTree drafted as expansion drafting does it: at every node up to `widths[d]` children
+// drawn WITHOUT replacement from the Markov draft (one group per node), optionally merged with
+// a second draft's chain drawn from a uniform draft (shared tokens become one node with two
+// proposals). `independent` mislabels the siblings as independent draws: the negative control.
+auto token_tree_round(std::vector<int> widths, bool second_draft, bool independent) {
+  return [=](int32_t last, Sampler& rng) {
+    auto dist = [](const Dist& d) { return std::make_shared<const Dist>(d); };
+    TokenTree tree;
+    std::function<void(int32_t, int32_t, size_t)> grow = [&](int32_t node, int32_t prev, size_t depth) {
+      if (depth >= widths.size()) return;
+      auto q = dist(kDraft[prev]);
+      Dist left = *q;
+      for (int k = 0; k < widths[depth]; ++k) {
+        if (std::none_of(left.begin(), left.end(), [](float v) { return v > 0; })) break;
+        const int32_t x = rng.sample_from(left);
+        left[x] = 0;
+        const int32_t child = tree.add(node, x, {0, independent ? -1 : 0, q, k});
+        grow(child, x, depth + 1);
+      }
+    };
+    grow(-1, last, 0);
+    if (second_draft) {
+      TokenTree chain;
+      const auto uniform = dist({1, 1, 1, 1});
+      int32_t at = -1;
+      for (int d = 0; d < 2; ++d) at = chain.add(at, rng.sample_from(*uniform), {1, -1, uniform});
+      tree.merge(chain);
+    }
+    const auto layout = tree.layout();
+    std::vector<Dist> p = {kTarget[last]};
+    for (int32_t t : layout.tokens) p.push_back(kTarget[t]);
+    const TreeVerdict v = verify_tree_proposals(tree, layout, p, rng);
+    std::vector<int32_t> emitted;
+    for (int n : v.path) emitted.push_back(layout.tokens[n]);
+    emitted.push_back(v.next);
+    return emitted;
+  };
+}
+
+TEST(VerifyTreeProposals, SiblingsDrawnWithoutReplacementFollowTheTargetChain) {
+  // 2-4 children per node, depth 3.
+  for (auto widths : std::vector<std::vector<int>>{{2, 2, 2}, {3, 2, 4}, {4, 3, 2}}) {
+    const ChiSquare c = chain_test(token_tree_round(widths, false, false), 60000, 5150 + widths[0]);
+    std::printf("[  chi2    ] tree %d,%d,%d without replacement: chi2 = %.3f  (%d dof, critical %.3f)\n", widths[0],
+                widths[1], widths[2], c.value, c.dof, chi2_critical_001(c.dof));
+    ASSERT_EQ(c.dof, 48);
+    EXPECT_EQ(c.impossible, 0);
+    EXPECT_LT(c.value, chi2_critical_001(c.dof));
+  }
+}
+
+TEST(VerifyTreeProposals, MergedDraftsFollowTheTargetChain) {
+  const ChiSquare c = chain_test(token_tree_round({2, 2}, true, false), 60000, 5160);
+  std::printf("[  chi2    ] merged two-draft tree: chi2 = %.3f  (%d dof, critical %.3f)\n", c.value, c.dof,
+              chi2_critical_001(c.dof));
+  EXPECT_EQ(c.impossible, 0);
+  EXPECT_LT(c.value, chi2_critical_001(c.dof));
+}
+
+TEST(VerifyTreeProposals, TreatingDrawsWithoutReplacementAsIndependentFails) {
+  const ChiSquare c = chain_test(token_tree_round({3, 3, 3}, false, true), 60000, 5170);
+  std::printf("[  chi2    ] without-replacement siblings verified as independent: chi2 = %.1f  (%d dof, critical %.3f)\n",
+              c.value, c.dof, chi2_critical_001(c.dof));
+  EXPECT_GT(c.value, chi2_critical_001(c.dof));
+}
+
+TEST(TokenTree, MergesByCommonPrefixAndLaysOutInDfsOrder) {
+  TokenTree a;
+  const int32_t r = a.add(-1, 7, {0, 0, nullptr});
+  a.add(r, 8, {0, 0, nullptr});
+  const int32_t s = a.add(-1, 9, {0, 0, nullptr});
+  TokenTree b;
+  const int32_t br = b.add(-1, 7, {1, -1, nullptr});
+  b.add(b.add(br, 5, {1, -1, nullptr}), 6, {1, -1, nullptr});
+  a.merge(b);
+  // 7 holds both drafts' proposals; its children are 8 (draft 0) then 5 -> 6 (draft 1).
+  ASSERT_EQ(a.size(), 5u);
+  EXPECT_EQ(a.node(size_t(r)).proposals.size(), 2u);
+  const auto l = a.layout();
+  EXPECT_EQ(l.tokens, (std::vector<int32_t>{7, 8, 5, 6, 9}));
+  EXPECT_EQ(l.parents, (std::vector<int32_t>{-1, 0, 0, 2, -1}));
+  EXPECT_EQ(l.depths, (std::vector<int32_t>{0, 1, 1, 2, 0}));
+  EXPECT_EQ(l.order.back(), s);
+  EXPECT_EQ(a.branches().size(), 3u);
+  EXPECT_EQ(expansion_size(std::vector<int>{1, 1, 3, 1}), 1u + 1 + 3 + 3);
 }
 
 TEST(VerifyTreeStochastic, RejectsBadTrees) {

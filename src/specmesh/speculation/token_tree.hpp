@@ -3,10 +3,12 @@
 // puts it in DFS pre-order, the order the target verifies it in one run with an interval mask.
 //
 // Merging: when two drafts propose the same token after the same path the tree keeps one node
-// holding both proposals (draft id, the distribution it was drawn from, its draw group), and
-// their subtrees merge the same way. Verification then tries the node's proposals one after
-// another, so the token is accepted with the probability two separate siblings would give it,
-// and an accepted node continues with the children of both drafts.
+// holding both proposals (draft id, the distribution it was drawn from, its draw group, its
+// place among the draft's draws), and their subtrees merge the same way. Verification tries the
+// proposals at a node draft by draft, each draft's in the order it drew them — never in an order
+// that depends on which tokens happened to coincide, which would bias it — so a merged token is
+// accepted with the probability two separate siblings would give it, and an accepted node
+// continues with the children of both drafts.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,7 @@ struct Proposal {
   // distribution with the rejected tokens taken out. -1: an independent draw.
   int group = -1;
   std::shared_ptr<const std::vector<float>> q;  // the draft distribution it was drawn from (stochastic only)
+  int rank = 0;  // its place in the draft's draws at the same parent
 };
 
 struct TreeNode {

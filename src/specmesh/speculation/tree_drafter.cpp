@@ -78,7 +78,7 @@ void TreeDrafter::expand(const std::vector<int32_t>& parents, const std::vector<
       if (seq < 0) break;  // every branch sequence is in use
       if (u < 0) ops.push_back({KvOpKind::copy, 0, seq, 0, base_});
       else if (j > 0) ops.push_back({KvOpKind::copy, seq_of_[size_t(u)], seq, 0, pos});
-      const int32_t id = tree_.add(u, picks[j], {draft_id_, q ? draft_id_ : -1, q});
+      const int32_t id = tree_.add(u, picks[j], {draft_id_, q ? draft_id_ : -1, q, int(j)});
       seq_of_.resize(tree_.size(), 0);
       fed_.resize(tree_.size(), 0);
       seq_of_[size_t(id)] = seq;

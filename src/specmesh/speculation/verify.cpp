@@ -200,30 +200,39 @@ TreeVerdict verify_tree_proposals(const TokenTree& tree, const TokenTree::Layout
     std::vector<double> r = normalised(p[row], pm);
     // Groups drawn without replacement: their distribution with the rejected tokens removed.
     std::vector<std::pair<int, std::vector<float>>> thinned;
+    // Every proposal at this node, draft by draft, each draft's in its draw order.
+    struct Try {
+      int32_t child;
+      const Proposal* prop;
+    };
+    std::vector<Try> tries;
+    for (int32_t c : kids[row])
+      for (const Proposal& prop : tree.node(size_t(layout.order[size_t(c)])).proposals) tries.push_back({c, &prop});
+    std::stable_sort(tries.begin(), tries.end(), [](const Try& a, const Try& b) {
+      return a.prop->draft != b.prop->draft ? a.prop->draft < b.prop->draft : a.prop->rank < b.prop->rank;
+    });
     int32_t taken = -1;
-    for (int32_t c : kids[row]) {
-      const TreeNode& node = tree.node(size_t(layout.order[size_t(c)]));
-      const int32_t x = node.token;
-      for (const Proposal& prop : node.proposals) {
-        if (!prop.q) invalid(std::string(fn) + ": node " + std::to_string(c) + " has a proposal without its distribution");
-        const std::vector<float>* q = prop.q.get();
-        auto g = std::find_if(thinned.begin(), thinned.end(), [&](const auto& t) { return t.first == prop.group; });
-        if (prop.group >= 0 && g != thinned.end()) q = &g->second;
-        if (q->size() != r.size() || x < 0 || size_t(x) >= r.size())
-          invalid(std::string(fn) + ": node " + std::to_string(c) + " does not fit the target's vocabulary");
-        const double qm = mass(*q, fn, "q", size_t(c));
-        check_drawn(fn, *q, x, size_t(c));
-        if (rng.uniform() < r[size_t(x)] / (double((*q)[size_t(x)]) / qm)) {
-          taken = c;
-          break;
-        }
-        subtract(r, *q, qm);
-        if (prop.group >= 0) {
-          if (g == thinned.end()) g = thinned.insert(thinned.end(), {prop.group, *prop.q});
-          g->second[size_t(x)] = 0.0f;
-        }
+    for (const Try& t : tries) {
+      const int32_t c = t.child;
+      const Proposal& prop = *t.prop;
+      const int32_t x = layout.tokens[size_t(c)];
+      if (!prop.q) invalid(std::string(fn) + ": node " + std::to_string(c) + " has a proposal without its distribution");
+      const std::vector<float>* q = prop.q.get();
+      auto g = std::find_if(thinned.begin(), thinned.end(), [&](const auto& th) { return th.first == prop.group; });
+      if (prop.group >= 0 && g != thinned.end()) q = &g->second;
+      if (q->size() != r.size() || x < 0 || size_t(x) >= r.size())
+        invalid(std::string(fn) + ": node " + std::to_string(c) + " does not fit the target's vocabulary");
+      const double qm = mass(*q, fn, "q", size_t(c));
+      check_drawn(fn, *q, x, size_t(c));
+      if (rng.uniform() < r[size_t(x)] / (double((*q)[size_t(x)]) / qm)) {
+        taken = c;
+        break;
       }
-      if (taken >= 0) break;
+      subtract(r, *q, qm);
+      if (prop.group >= 0) {
+        if (g == thinned.end()) g = thinned.insert(thinned.end(), {prop.group, *prop.q});
+        g->second[size_t(x)] = 0.0f;
+      }
     }
     if (taken < 0) {
       v.next = draw(r, rng);

@@ -69,8 +69,8 @@ TreeVerdict verify_tree_stochastic(std::span<const int32_t> tokens, std::span<co
 
 // Multi-draft speculative sampling over a TokenTree in its layout (SpecInfer's MSS, with
 // Sequoia's correction for siblings drawn without replacement, and merged proposals). At a node
-// the residual r starts as the target's p; each proposal of each child in turn (token x drawn
-// from q) is accepted with probability min(1, r(x)/q(x)); on rejection r <- norm(max(0, r - q))
+// the residual r starts as the target's p; the proposals of its children are tried draft by
+// draft, each draft's in its draw order (token x drawn from q), and one is accepted with probability min(1, r(x)/q(x)); on rejection r <- norm(max(0, r - q))
 // and, when the proposal's group drew without replacement, q <- norm(q with q(x) = 0) for the
 // group's later proposals at that node. When all are rejected next ~ r. The emitted tokens are
 // then distributed exactly as the target's. p: n+1 target distributions, p[0] after the
