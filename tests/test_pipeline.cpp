@@ -204,6 +204,20 @@ TEST(Topology, ErrorsNameFileLineAndKey) {
             "t.toml:10: run.params.p_accept: parameter p_accept (float, 0..1, default 0.5): must be a finite number");
   EXPECT_EQ(err(two + "strategy = \"spec\"\n[run.params]\ncancel = true\n"),
             "t.toml:10: run.params.cancel: strategy \"spec\" has no parameter 'cancel' (it takes n_draft, p_accept, tree, tree_nodes)");
+  // Token trees: checked at load against their schema and against each other.
+  EXPECT_EQ(err(two + "[run.params]\ntree = []\n"),
+            "t.toml:9: run.params.tree: parameter tree (int list, 1..16 each, at most 16, default none): must not be empty");
+  EXPECT_EQ(err(two + "[run.params]\ntree = \"1,0,3\"\n"),
+            "t.toml:9: run.params.tree: parameter tree (int list, 1..16 each, at most 16, default none): entry 2 must be "
+            "between 1 and 16, not 0");
+  EXPECT_EQ(err(two + "[run.params]\ntree = \"1,x\"\n"),
+            "t.toml:9: run.params.tree: expected a number, true/false, or a list of integers, not \"1,x\"");
+  EXPECT_EQ(err(two + "[run.params]\ntree = [4, 4, 4]\n"),
+            "t.toml:9: run.params.tree: the tree 4,4,4 has 84 nodes, more than tree_nodes (64)");
+  EXPECT_EQ(err(two + "n_ctx = 16\n[run.params]\ntree = [3, 3, 1]\n"),
+            "t.toml:10: run.params.tree: the tree 3,3,1 (21 nodes) does not fit a context of 16 tokens");
+  EXPECT_EQ(err(two + "[run.params]\ntree = [8, 8]\ntree_nodes = 100\n"),
+            "t.toml:9: run.params.tree: the tree 8,8 has 64 leaves, more than the 63 branches a KV cache can tell apart");
   EXPECT_EQ(err(two + "[run.roles]\ndraft2 = \"nope\"\n"), "t.toml:9: run.roles.draft2: names no model in [models]: 'nope'");
   EXPECT_EQ(err(two + "[[stages]]\nrole = \"retrieval\"\n"), "t.toml:9: stages[0].role: names no pipeline role of [run]: 'retrieval'");
   EXPECT_EQ(err("[models.t]\npath = \"x\"\n[run]\nn_predict = \"many\"\n"), "t.toml:4: run.n_predict: expected an integer");

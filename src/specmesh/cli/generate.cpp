@@ -17,7 +17,8 @@ namespace specmesh {
 namespace {
 
 struct GenerateOptions {
-  std::string model, tokenizer, draft, draft_tokenizer, prompt, strategy, metrics_csv;
+  std::string model, tokenizer, draft_tokenizer, prompt, strategy, metrics_csv;
+  std::vector<std::string> drafts;  // roles draft, draft2, draft3, ...
   int n_predict = 128;
   int threads = 0;
   int n_ctx = 0;
@@ -35,8 +36,10 @@ std::string absolute(const std::string& p) {
 
 Topology configuration(const GenerateOptions& o, const CLI::App& cmd, int threads, const SamplingParams& sp) {
   std::map<std::string, ModelSpec> roles;
-  if (!o.draft.empty())
-    roles["draft"] = {"draft", absolute(o.draft), absolute(o.draft_tokenizer.empty() ? o.tokenizer : o.draft_tokenizer)};
+  for (size_t i = 0; i < o.drafts.size(); ++i) {
+    const std::string role = i == 0 ? "draft" : "draft" + std::to_string(i + 1);
+    roles[role] = {role, absolute(o.drafts[i]), absolute(o.draft_tokenizer.empty() ? o.tokenizer : o.draft_tokenizer)};
+  }
   Topology t = Topology::single_process({"target", absolute(o.model), absolute(o.tokenizer)}, roles, threads);
   t.path = "generate";
   t.run.strategy = o.strategy;
@@ -93,7 +96,8 @@ void register_generate(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("generate", "Generate text from a prompt in this process");
   cmd->add_option("-m,--model", o->model, "target: GGUF file or llama2.c checkpoint")->required()->check(CLI::ExistingFile);
   cmd->add_option("-z,--tokenizer", o->tokenizer, "tokenizer of a llama2.c checkpoint (tok512.bin)")->check(CLI::ExistingFile);
-  cmd->add_option("-d,--draft", o->draft, "draft model (role \"draft\")")->check(CLI::ExistingFile);
+  cmd->add_option("-d,--draft", o->drafts, "draft model (role \"draft\"); repeat for more drafts (draft2, ...), "
+                  "whose token trees spec merges")->check(CLI::ExistingFile);
   cmd->add_option("--draft-tokenizer", o->draft_tokenizer, "tokenizer of a llama2.c draft (default: -z)")->check(CLI::ExistingFile);
   std::vector<std::string> names;
   for (const StrategyInfo& s : strategies()) names.push_back(s.name);

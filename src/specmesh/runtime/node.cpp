@@ -100,6 +100,16 @@ HeadConfig head_config(const Topology& topo, ModelCache& models, std::shared_ptr
   } catch (const std::invalid_argument& e) {
     throw ConfigError(topo.path + ": run.params: " + e.what());
   }
+  // Checked again now that the context size is known (the model's own when n_ctx is 0).
+  if (hc.strategy->check) {
+    SetupFacts facts{context_size(*models.get(topo.models.at(run.model)), run.n_ctx), {}};
+    for (const auto& [role, model] : topo.role_models()) facts.roles.insert(role);
+    try {
+      hc.strategy->check(hc.params, facts);
+    } catch (const ParamConflict& c) {
+      throw ConfigError(topo.path + ": run.params." + c.key + ": " + c.what());
+    }
+  }
   for (const auto& [role, model] : topo.role_models()) {
     PipelineRef p;
     p.role = role;

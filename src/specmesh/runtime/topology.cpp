@@ -325,6 +325,13 @@ void Topology::check() {
       fail("run.params." + k, err.what());
     }
   }
+  if (info->check) {
+    try {
+      info->check(info->resolve(run.params), {run.n_ctx, present});
+    } catch (const ParamConflict& c) {
+      fail("run.params." + c.key, c.what());
+    }
+  }
   if (!nodes.count(head_node)) fail("nodes", "one node needs head = true");
   if (devices.empty()) fail("devices", "at least one device is needed");
   // A role without stages: one stage with all its layers on the first device of the head node.

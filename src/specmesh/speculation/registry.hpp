@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,18 @@
 #include "specmesh/speculation/strategy.hpp"
 
 namespace specmesh {
+
+// What a setup offers a strategy beyond its parameters, for checks across them.
+struct SetupFacts {
+  int n_ctx = 0;                  // KV cells per pipeline; 0: not known yet
+  std::set<std::string> roles;    // pipelines present
+};
+
+// A parameter value that does not fit the rest of the setup (another parameter, the context).
+struct ParamConflict : std::invalid_argument {
+  ParamConflict(std::string param, const std::string& what) : std::invalid_argument(what), key(std::move(param)) {}
+  std::string key;
+};
 
 struct StrategyInfo {
   std::string name;
@@ -24,6 +37,8 @@ struct StrategyInfo {
   // Chosen when no strategy is named: the default using the most of the roles present.
   bool default_for_roles = false;
   std::function<std::unique_ptr<Strategy>(StrategyHost&)> make;
+  // Optional: throws ParamConflict when resolved parameters do not fit together or the setup.
+  std::function<void(const StrategyParams&, const SetupFacts&)> check;
 
   const ParamSpec* param(const std::string& key) const;
   // Defaults for everything not given; throws std::invalid_argument naming an unknown key

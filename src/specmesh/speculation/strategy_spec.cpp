@@ -244,6 +244,27 @@ StrategyInfo strategy_info_spec() {
       {"tree", ParamType::IntList, 1, 16, 0, "token tree: children per depth (1,1,3,1); verified in one target run", {"--tree"}, {}, 16},
       {"tree_nodes", ParamType::Int, 1, 512, 64, "most nodes of one draft's tree", {"--tree-nodes"}},
   };
+  s.check = [](const StrategyParams& p, const SetupFacts& setup) {
+    const std::vector<int>& tree = p.list("tree");
+    if (tree.empty()) return;
+    size_t drafts = 1;
+    while (setup.roles.count("draft" + std::to_string(drafts + 1))) ++drafts;
+    const size_t nodes = expansion_size(tree), budget = size_t(p.integer("tree_nodes"));
+    size_t leaves = 1;
+    for (int w : tree) leaves = std::min<size_t>(leaves * size_t(w), 1 << 20);
+    std::string shape;
+    for (int w : tree) shape += (shape.empty() ? "" : ",") + std::to_string(w);
+    if (nodes > budget)
+      throw ParamConflict("tree", "the tree " + shape + " has " + std::to_string(nodes) + " nodes, more than tree_nodes (" +
+                                      std::to_string(budget) + ")");
+    if (leaves * drafts > size_t(kMaxSeqs - 1))
+      throw ParamConflict("tree", "the tree " + shape + " has " + std::to_string(leaves) + " leaves" +
+                                      (drafts > 1 ? " per draft, " + std::to_string(drafts) + " drafts," : ",") +
+                                      " more than the " + std::to_string(kMaxSeqs - 1) + " branches a KV cache can tell apart");
+    if (setup.n_ctx > 0 && nodes * drafts + 2 > size_t(setup.n_ctx))
+      throw ParamConflict("tree", "the tree " + shape + " (" + std::to_string(nodes * drafts) + " nodes) does not fit a context of " +
+                                      std::to_string(setup.n_ctx) + " tokens");
+  };
   s.make = [](StrategyHost& h) -> std::unique_ptr<Strategy> {
     if (!h.params().list("tree").empty() || h.has_role("draft2")) return std::make_unique<TreeSpeculative>(h);
     return std::make_unique<Speculative>(h);
