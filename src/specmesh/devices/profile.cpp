@@ -1,10 +1,43 @@
 #include "specmesh/profiles.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "specmesh/devices/tenstorrent.hpp"
 
 namespace specmesh {
 
+double ContextCurve::at(double k) const {
+  if (std::isnan(k) || k < 0) throw std::invalid_argument("context length must be a non-negative number, got " + std::to_string(k));
+  if (points.empty()) throw std::invalid_argument("context curve has no points");
+  if (points.size() == 1) return points.front().second;
+  // The segment holding k, or the nearest end segment to extend.
+  size_t i = 1;
+  while (i + 1 < points.size() && points[i].first < k) ++i;
+  const auto& [k0, s0] = points[i - 1];
+  const auto& [k1, s1] = points[i];
+  return s0 + (s1 - s0) * (k - k0) / (k1 - k0);
+}
+
+double LayerTimes::attention(AttnMode mode, double k) const {
+  switch (mode) {
+    case AttnMode::flash: return flash.at(k);
+    case AttnMode::spec_sender: return spec_sender.at(k);
+    case AttnMode::spec_receiver: return spec_receiver.at(k);
+  }
+  throw std::invalid_argument("unknown attention mode");
+}
+
 double DeviceProfile::seconds(const WorkCost& c) const {
+  if (times) {
+    // 0 means "use the real context"; a negative one is refused by the curves.
+    const double k = double(virtual_context != 0 ? virtual_context : c.context);
+    double layer = 0;
+    if (c.part != LayerPart::attention) layer += times->non_attention.at(k) + layer_token_s * std::max(0, c.tokens - 1);
+    if (c.part != LayerPart::rest) layer += times->attention(c.attn, k);
+    return c.layers * layer + (c.head ? times->fixed.at(k) : 0);
+  }
   if (layer_s > 0 || layer_token_s > 0) return c.layers * (layer_s + layer_token_s * std::max(0, c.tokens - 1));
   const double compute = flops_per_s > 0 ? c.flops / flops_per_s : 0;
   const double memory = bytes_per_s > 0 ? c.bytes / bytes_per_s : 0;
@@ -12,10 +45,9 @@ double DeviceProfile::seconds(const WorkCost& c) const {
 }
 
 std::optional<DeviceProfile> device_profile(const std::string& name) {
-  // Public figures: n150 has 288 GB/s GDDR6 and ~74 TFLOP/s at BF16; dispatch costs are
-  // tens of microseconds per op from the host. rpi5: LPDDR4X ~17 GB/s peak, ~10 usable.
+  if (auto measured = accelerator_profile(name)) return measured;
+  // rpi5: LPDDR4X ~17 GB/s peak, ~10 usable.
   static const std::map<std::string, DeviceProfile> table = {
-      {"n150", {"n150", 74e12, 288e9, 20e-6}},
       {"rpi5", {"rpi5", 30e9, 10e9, 2e-6}},
       {"slow-node", {"slow-node", 5e9, 2e9, 5e-6}},
       {"fast-node", {"fast-node", 200e9, 40e9, 1e-6}},
@@ -26,10 +58,15 @@ std::optional<DeviceProfile> device_profile(const std::string& name) {
 }
 
 std::optional<LinkProfile> link_profile(const std::string& name) {
+  // Wormhole chips talk over 100 Gb/s Ethernet ports. Assumed: the two chips of an n300 are
+  // joined on the board by two ports (25 GB/s, ~1 us); boards are joined by one port per hop
+  // through a cable, with another ~1 us of SerDes and cable on the way.
   static const std::map<std::string, LinkProfile> table = {
       {"gigabit", {100e-6, 125e6}},
       {"10gbe", {30e-6, 1.25e9}},
-      {"eth-n150", {5e-6, 12.5e9}},  // n150 Ethernet ports, 100 Gb/s
+      {"eth-n150", {5e-6, 12.5e9}},  // one n150 port, 100 Gb/s
+      {"eth-n300", {1e-6, 25e9}},
+      {"eth-card", {2e-6, 12.5e9}},
   };
   auto it = table.find(name);
   if (it == table.end()) return std::nullopt;
