@@ -1,4 +1,5 @@
 // Runs forward passes of a model (or a layer range of it) over batches, with its KV cache.
+// The layer ops themselves are in ForwardPass (forward_pass.hpp).
 #pragma once
 
 #include <functional>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "specmesh/profiles.hpp"
+#include "specmesh/kernels/flash_decode.hpp"
 #include "specmesh/kernels/thread_pool.hpp"
 #include "specmesh/model/batch.hpp"
 #include "specmesh/model/kv_cache.hpp"
@@ -26,6 +28,9 @@ struct ContextParams {
   int layer_begin = 0;      // this context computes layers [layer_begin, layer_end)
   int layer_end = -1;       // -1: the last layer (and the classifier)
   std::vector<int> capture_layers;  // hidden states after these layers are kept
+  // Key ranges plain attention splits into; results are the same up to rounding for any
+  // layout, bit for bit only for the same one (speculative decoding compares with this).
+  FlashLayout attention_layout{};
 };
 
 // What one forward pass produced, for the batch tokens flagged in Batch::logits.
@@ -50,6 +55,7 @@ class Context {
   int layer_begin() const { return begin_; }
   int layer_end() const { return end_; }
   bool has_head() const { return end_ == model_.hparams().n_layer; }
+  const FlashLayout& attention_layout() const { return layout_; }
 
   // Runs the batch through this context's layers. A context starting at layer 0 embeds
   // batch.tokens; a later stage takes `hidden_in` (n_batch x n_embd). A context ending before
@@ -69,7 +75,7 @@ class Context {
   void set_cancel_check(std::function<bool()> check) { cancel_check_ = std::move(check); }
 
  private:
-  void layer(int il, const Batch& batch, const std::vector<int32_t>& slots, const Visibility& visible, float* x);
+  friend class ForwardPass;  // reads the KV views
 
   const Model& model_;
   std::unique_ptr<ThreadPool> own_pool_;
@@ -77,6 +83,7 @@ class Context {
   int begin_, end_;
   KvCache kv_;
   std::vector<int> capture_;
+  FlashLayout layout_;
   KvViews views_;
   std::function<bool()> cancel_check_;
 };

@@ -1,0 +1,69 @@
+// One forward pass of a batch through a context, op by op.
+//
+// A layer is three ops: pre_attention (norm, Q/K/V projections, architecture shaping, RoPE,
+// K/V written into the tokens' cells), attention, and post_attention (output projection,
+// residual, FFN block). Context::forward runs them in order; a caller that wants to act
+// between them (attention-level speculation runs them on two devices, each skipping some)
+// drives the same ops itself, and gets the same bits when it runs them in the same order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "specmesh/kernels/flash_decode.hpp"
+#include "specmesh/model/attention_mask.hpp"
+#include "specmesh/model/batch.hpp"
+#include "specmesh/model/context.hpp"
+#include "specmesh/model/visibility.hpp"
+
+namespace specmesh {
+
+class ForwardPass {
+ public:
+  // Claims the batch's cells in ctx's KV cache and sets up the residual stream: the embedded
+  // tokens for a context starting at layer 0, else `hidden_in` (n_batch x n_embd). Throws
+  // std::invalid_argument on a malformed batch, as Context::forward does.
+  ForwardPass(Context& ctx, const Batch& batch, const float* hidden_in = nullptr);
+  // Visibility refers to the batch and mask held here, so a pass stays where it was built.
+  ForwardPass(const ForwardPass&) = delete;
+  ForwardPass& operator=(const ForwardPass&) = delete;
+
+  size_t size() const { return batch_.size(); }
+  const Batch& batch() const { return batch_; }
+  // The residual stream: n_batch x n_embd, the input of the next op.
+  float* x() { return x_.data(); }
+  const float* x() const { return x_.data(); }
+
+  // Norm, Q/K/V, shaping, RoPE, K/V rows into the cells. Keeps q for attention(il).
+  void pre_attention(int il);
+
+  // Attention of layer il into `full` (n_batch x q_dim), with the context's attention layout.
+  // With `cfg`, a single-token batch whose heads share one cell list also gets the
+  // speculative output in `spec` (q_dim) and the check, through the speculative kernel; its
+  // full output equals the plain one bit for bit when cfg->layout is the context's layout.
+  // Without cfg the returned check is default (not exact, not accepted).
+  SpecCheck attention(int il, float* full, float* spec = nullptr, const SpecConfig* cfg = nullptr);
+
+  // Output projection of `att` (n_batch x q_dim) added to the residual, then the FFN block.
+  void post_attention(int il, const float* att);
+
+  // The K and V rows (kv_dim each) batch token i wrote in layer il.
+  void read_kv(int il, size_t i, float* k, float* v) const;
+  void write_kv(int il, size_t i, const float* k, const float* v);
+
+  // Logits of the tokens flagged in Batch::logits (a context with the head), else the hidden
+  // states of every token. Ends the pass: the residual stream is moved out.
+  ForwardOutput output();
+
+ private:
+  Context& ctx_;
+  Batch batch_;
+  AttentionMask mask_;
+  std::vector<int32_t> slots_;
+  Visibility visible_;
+  std::vector<float> x_, q_;
+  int q_layer_ = -1;  // the layer q_ belongs to
+};
+
+}  // namespace specmesh

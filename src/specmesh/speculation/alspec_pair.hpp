@@ -1,0 +1,86 @@
+// Attention-level speculation (ALSpec) on two in-process devices: two contexts of one model,
+// each with its own KV cache and thread pool, driven through a decode token layer by layer by
+// the priority gating of alspec_gating.hpp.
+//
+// At each layer's attention the sender (higher priority) syncs the residual stream and the
+// token's K/V rows of that layer to the receiver, computes the speculative output (first S
+// keys and the tile-aligned last S) and hands a copy of it to the receiver, which runs the
+// ops after attention and the next layer's ops before attention with it. The sender computes
+// the full output in the same kernel pass and checks ||spec - full|| < lambda ||full||: on a
+// hit it skips those ops (the receiver's state is the right one and the roles swap), on a
+// miss it runs them with the full output and stays the sender; the receiver's speculative
+// state is replaced at the next attention's sync. Lambda = 0 never accepts a speculation over
+// 2S keys or more (below that the speculative output is exact), so the pair then decodes bit
+// for bit as one context with the same attention layout.
+//
+// Sequential here: the work counters say what each device ran and skipped, which is what the
+// overlap on real hardware would save.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "specmesh/kernels/flash_decode.hpp"
+#include "specmesh/model/context.hpp"
+#include "specmesh/speculation/alspec_gating.hpp"
+
+namespace specmesh {
+
+struct AlspecParams {
+  SpecConfig spec;    // sink/window length S, middle chunk, tile, lambda
+  int n_ctx = 0;      // KV cells per device (0: the model's default)
+  int n_threads = 1;  // per device
+};
+
+// What one device did, counted per op over all decode tokens so far.
+struct AlspecWork {
+  int pre_run = 0, pre_skipped = 0;    // ops before attention (norm, QKV, RoPE, KV write)
+  int post_run = 0, post_skipped = 0;  // ops after attention (output projection, FFN)
+  int sent = 0;                        // attentions as sender (speculative + full + check)
+  int received = 0;                    // attentions as receiver (waits for the hand-off)
+  int heads = 0;                       // classifier runs
+  size_t sync_bytes = 0;               // residual, K/V rows and hand-offs received
+};
+
+// One decode token's result.
+struct AlspecToken {
+  std::vector<float> logits;
+  std::vector<uint8_t> hits;      // per layer: the speculation was accepted
+  std::vector<SpecCheck> checks;  // per layer: the sender's check
+  int holder = 0;                 // the device whose state produced the logits
+};
+
+// Overrides the sender's verdict (tests force misses); gets the kernel's check.
+using AlspecVerdict = std::function<bool(int layer, const SpecCheck& check)>;
+
+class AlspecPair {
+ public:
+  AlspecPair(const Model& model, AlspecParams params);
+
+  // Runs the prompt at positions [0, n) of sequence 0 on both devices, plainly; returns the
+  // logits of the last token.
+  std::vector<float> prefill(const std::vector<int32_t>& tokens, int n_batch = 256);
+
+  // One decode token at `pos` of sequence 0.
+  AlspecToken decode(int32_t token, int32_t pos);
+
+  void set_verdict(AlspecVerdict verdict) { verdict_ = std::move(verdict); }
+
+  const AlspecParams& params() const { return params_; }
+  Context& device(int k) { return *ctx_[k]; }
+  const AlspecGate& gate(int k) const { return gate_[k]; }
+  const AlspecWork& work(int k) const { return work_[k]; }
+
+ private:
+  const Model& model_;
+  AlspecParams params_;
+  std::unique_ptr<Context> ctx_[2];
+  AlspecGate gate_[2]{AlspecGate(0), AlspecGate(1)};
+  AlspecWork work_[2];
+  AlspecVerdict verdict_;
+};
+
+}  // namespace specmesh
