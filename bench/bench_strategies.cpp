@@ -5,6 +5,7 @@
 //
 //   bench_strategies [--refdata DIR] [--tokens 64] [--layer-ms 4] [--draft-layer-ms 0.25]
 //                    [--max-runs 8] [--n-draft 4] [--p-accept 0.4] [--csv results.csv]
+//                    [--tree 1,1,3,1]   (also runs every strategy that takes a tree with that shape)
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include <spdlog/spdlog.h>
 
 #include "specmesh/runtime.hpp"
 #include "specmesh/speculation/registry.hpp"
@@ -28,11 +31,17 @@ struct Options {
   double layer_ms = 4.0, token_ms = 0.05, draft_layer_ms = 0.25;
   int max_runs = 8, n_draft = 4;
   double p_accept = 0.4;
-  std::string csv;
+  std::string csv, tree;
+};
+
+// One row of the table: a strategy, with a token-tree shape for those that take one.
+struct Variant {
+  const StrategyInfo* info;
+  std::string label, tree;
 };
 
 std::string write_topology(const Options& o, const std::string& target, const std::string& draft,
-                           const StrategyInfo& strategy) {
+                           const StrategyInfo& strategy, const std::string& tree) {
   static int n = 0;
   const std::string dir = std::filesystem::temp_directory_path() / ("specmesh-bench-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
@@ -47,6 +56,7 @@ std::string write_topology(const Options& o, const std::string& target, const st
       {"n_draft", o.n_draft}, {"p_accept", o.p_accept}, {"max_runs", o.max_runs}, {"max_micro_batch", 4}};
   for (const auto& [k, v] : settings)
     if (strategy.param(k)) f << k << " = " << v << "\n";
+  if (!tree.empty()) f << "tree = \"" << tree << "\"\n";
   f << "[models.target]\npath = \"" << o.refdata << "/gguf-models/" << target << ".gguf\"\n";
   f << "[models.draft]\npath = \"" << o.refdata << "/gguf-models/" << draft << ".gguf\"\n";
   const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(n);
@@ -64,6 +74,7 @@ std::string write_topology(const Options& o, const std::string& target, const st
 }  // namespace
 
 int main(int argc, char** argv) {
+  spdlog::set_level(spdlog::level::warn);  // the table is the output; connection chatter is not
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
@@ -75,6 +86,7 @@ int main(int argc, char** argv) {
     else if (a == "--max-runs") o.max_runs = std::stoi(v);
     else if (a == "--n-draft") o.n_draft = std::stoi(v);
     else if (a == "--p-accept") o.p_accept = std::stod(v);
+    else if (a == "--tree") o.tree = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
@@ -100,17 +112,19 @@ int main(int argc, char** argv) {
   // Plain decoding (the registry's default for a lone target) is the reference the others
   // must reproduce; then every strategy that needs no role beyond target and draft.
   const StrategyInfo& plain = default_strategy({kTargetRole});
-  std::vector<const StrategyInfo*> runs{&plain};
+  std::vector<Variant> runs{{&plain, plain.name, ""}};
   for (const StrategyInfo& s : strategies()) {
     const bool fits = std::all_of(s.roles.begin(), s.roles.end(), [](const std::string& r) { return r == kTargetRole || r == "draft"; });
-    if (fits && &s != &plain) runs.push_back(&s);
+    if (fits && &s != &plain) runs.push_back({&s, s.name, ""});
+    if (fits && !o.tree.empty() && s.param("tree")) runs.push_back({&s, s.name + "-tree", o.tree});
   }
   for (const auto& [target, draft] : pairs) {
     std::map<std::string, double> tps, ttft;
     std::vector<std::vector<int32_t>> reference;
-    for (const StrategyInfo* info : runs) {
-      const std::string& strategy = info->name;
-      const std::string topo = write_topology(o, target, draft, *info);
+    for (const Variant& variant : runs) {
+      const StrategyInfo* info = variant.info;
+      const std::string& strategy = variant.label;
+      const std::string topo = write_topology(o, target, draft, *info, variant.tree);
       double tokens = 0, seconds = 0, first = 0, accepted = 0, drafted = 0, verifs = 0, cancelled = 0;
       bool lossless = true;
       for (size_t i = 0; i < prompts.size(); ++i) {
@@ -121,7 +135,7 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "%s: %s\n", strategy.c_str(), r.error.c_str());
           return 1;
         }
-        if (info == &plain) reference.push_back(r.ids);
+        if (&variant == &runs.front()) reference.push_back(r.ids);
         else lossless = lossless && r.ids == reference[i];
         tokens += r.stats.generated_tokens - 1;
         seconds += (r.stats.total_ms - r.stats.ttft_ms) / 1000.0;
@@ -143,7 +157,7 @@ int main(int argc, char** argv) {
     std::string line;
     for (size_t a = 1; a < runs.size(); ++a)
       for (size_t b = 0; b < a; ++b) {
-        const std::string &x = runs[a]->name, &y = runs[b]->name;
+        const std::string &x = runs[a].label, &y = runs[b].label;
         char buf[160];
         std::snprintf(buf, sizeof buf, "%s%s/%s tok/s %.2fx, ttft %.2f", line.empty() ? "" : "; ", x.c_str(), y.c_str(),
                       tps[x] / tps[y], ttft[x] / ttft[y]);

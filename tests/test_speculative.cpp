@@ -136,7 +136,7 @@ TEST(Lossless, SpecAndPipeInferOverThreeProcesses) {
 TEST(Lossless, TreeSpecSingleProcess) {
   SPECMESH_REQUIRE_REFDATA();
   expect_lossless("spec", "inproc", 1, "tree = \"1,1,3,1,1,1\"\np_accept = 0.0");
-  expect_lossless("spec", "inproc", 2, "tree = [2, 2, 2]\np_accept = 0.2\ntree_nodes = 10");
+  expect_lossless("spec", "inproc", 2, "tree = [2, 2, 2]\np_accept = 0.2\ntree_nodes = 14");
 }
 
 TEST(Lossless, TreeSpecMergesTwoDrafts) {
