@@ -124,12 +124,12 @@ int main(int argc, char** argv) {
     for (const Variant& variant : runs) {
       const StrategyInfo* info = variant.info;
       const std::string& strategy = variant.label;
-      const std::string topo = write_topology(o, target, draft, *info, variant.tree);
       double tokens = 0, seconds = 0, first = 0, accepted = 0, drafted = 0, verifs = 0, cancelled = 0;
       bool lossless = true;
       for (size_t i = 0; i < prompts.size(); ++i) {
-        // Each request meets an idle cluster, as a user's would.
-        auto rt = Runtime::open(topo);
+        // Each request meets an idle cluster, as a user's would; fresh endpoint names, since
+        // the previous runtime's inproc sockets may not be released yet.
+        auto rt = Runtime::open(write_topology(o, target, draft, *info, variant.tree));
         auto r = rt->generate({.prompt = prompts[i], .n_predict = o.tokens, .ignore_eos = true});
         if (!r.ok()) {
           std::fprintf(stderr, "%s: %s\n", strategy.c_str(), r.error.c_str());

@@ -89,5 +89,8 @@ struct LinkProfile {
 // (the Ethernet joining the two chips of an n300), "eth-card" (board to board).
 std::optional<DeviceProfile> device_profile(const std::string& name);
 std::optional<LinkProfile> link_profile(const std::string& name);
+// "n150, n300, ...": the built-in names, for listings and error messages.
+std::string device_profile_names();
+std::string link_profile_names();
 
 }  // namespace specmesh

@@ -44,23 +44,22 @@ double DeviceProfile::seconds(const WorkCost& c) const {
   return std::max(compute, memory) + c.ops * op_overhead_s;
 }
 
-std::optional<DeviceProfile> device_profile(const std::string& name) {
-  if (auto measured = accelerator_profile(name)) return measured;
-  // rpi5: LPDDR4X ~17 GB/s peak, ~10 usable.
+namespace {
+
+// Rate-based profiles; rpi5: LPDDR4X ~17 GB/s peak, ~10 usable.
+const std::map<std::string, DeviceProfile>& rate_profiles() {
   static const std::map<std::string, DeviceProfile> table = {
       {"rpi5", {"rpi5", 30e9, 10e9, 2e-6}},
       {"slow-node", {"slow-node", 5e9, 2e9, 5e-6}},
       {"fast-node", {"fast-node", 200e9, 40e9, 1e-6}},
   };
-  auto it = table.find(name);
-  if (it == table.end()) return std::nullopt;
-  return it->second;
+  return table;
 }
 
-std::optional<LinkProfile> link_profile(const std::string& name) {
-  // Wormhole chips talk over 100 Gb/s Ethernet ports. Assumed: the two chips of an n300 are
-  // joined on the board by two ports (25 GB/s, ~1 us); boards are joined by one port per hop
-  // through a cable, with another ~1 us of SerDes and cable on the way.
+// Wormhole chips talk over 100 Gb/s Ethernet ports. Assumed: the two chips of an n300 are
+// joined on the board by two ports (25 GB/s, ~1 us); boards are joined by one port per hop
+// through a cable, with another ~1 us of SerDes and cable on the way.
+const std::map<std::string, LinkProfile>& links() {
   static const std::map<std::string, LinkProfile> table = {
       {"gigabit", {100e-6, 125e6}},
       {"10gbe", {30e-6, 1.25e9}},
@@ -68,9 +67,35 @@ std::optional<LinkProfile> link_profile(const std::string& name) {
       {"eth-n300", {1e-6, 25e9}},
       {"eth-card", {2e-6, 12.5e9}},
   };
-  auto it = table.find(name);
-  if (it == table.end()) return std::nullopt;
+  return table;
+}
+
+}  // namespace
+
+std::optional<DeviceProfile> device_profile(const std::string& name) {
+  if (auto measured = accelerator_profile(name)) return measured;
+  auto it = rate_profiles().find(name);
+  if (it == rate_profiles().end()) return std::nullopt;
   return it->second;
+}
+
+std::optional<LinkProfile> link_profile(const std::string& name) {
+  auto it = links().find(name);
+  if (it == links().end()) return std::nullopt;
+  return it->second;
+}
+
+std::string device_profile_names() {
+  std::string out;
+  for (const std::string& n : accelerator_profile_names()) out += (out.empty() ? "" : ", ") + n;
+  for (const auto& [n, p] : rate_profiles()) out += ", " + n;
+  return out;
+}
+
+std::string link_profile_names() {
+  std::string out;
+  for (const auto& [n, l] : links()) out += (out.empty() ? "" : ", ") + n;
+  return out;
 }
 
 }  // namespace specmesh

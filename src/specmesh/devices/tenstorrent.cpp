@@ -149,17 +149,30 @@ DeviceProfile mesh_profile(const MeshTiming& m, int tp, std::string name) {
   return p;
 }
 
-std::optional<DeviceProfile> accelerator_profile(const std::string& name) {
-  static const std::map<std::string, std::pair<const MeshTiming*, int>> meshes = {
+namespace {
+// Profile name -> the mesh timing and the tensor-parallel degree it runs at, in listing order.
+const std::vector<std::pair<std::string, std::pair<const MeshTiming*, int>>>& meshes() {
+  static const std::vector<std::pair<std::string, std::pair<const MeshTiming*, int>>> table = {
       {"n150", {&wormhole_llama31_8b(), 1}},
       {"n300", {&wormhole_llama31_8b(), 2}},
       {"n300x2", {&wormhole_llama31_8b(), 4}},
       {"t3k", {&wormhole_llama31_8b(), 8}},
       {"h100-tp4", {&h100_llama3_8b(), 4}},
   };
-  auto it = meshes.find(name);
-  if (it == meshes.end()) return std::nullopt;
-  return mesh_profile(*it->second.first, it->second.second, name);
+  return table;
+}
+}  // namespace
+
+std::optional<DeviceProfile> accelerator_profile(const std::string& name) {
+  for (const auto& [n, mesh] : meshes())
+    if (n == name) return mesh_profile(*mesh.first, mesh.second, name);
+  return std::nullopt;
+}
+
+std::vector<std::string> accelerator_profile_names() {
+  std::vector<std::string> out;
+  for (const auto& [n, mesh] : meshes()) out.push_back(n);
+  return out;
 }
 
 }  // namespace specmesh

@@ -22,6 +22,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "specmesh/profiles.hpp"
 
@@ -74,5 +75,6 @@ DeviceProfile mesh_profile(const MeshTiming& m, int tp, std::string name);
 // measured N150 chips joined by Ethernet; the n300 boards carry the same Wormhole chips, so the
 // multi-chip tables stand in for the boards.
 std::optional<DeviceProfile> accelerator_profile(const std::string& name);
+std::vector<std::string> accelerator_profile_names();
 
 }  // namespace specmesh

@@ -223,7 +223,7 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
       if (const toml::node* p = m.get("profile")) {
         if (auto pname = p->value<std::string>()) {
           s.profile = device_profile(*pname);
-          if (!s.profile) e.fail(p, pre + "profile", "unknown profile '" + *pname + "' (n150, rpi5, slow-node, fast-node)");
+          if (!s.profile) e.fail(p, pre + "profile", "unknown profile '" + *pname + "' (" + device_profile_names() + ")");
         } else {
           const auto& pt = table_at(e, *p, pre + "profile");
           check_keys(e, pt, pre + "profile.", {"flops_per_s", "bytes_per_s", "op_overhead_us", "layer_ms", "layer_token_ms"});
@@ -245,7 +245,7 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
   if (const toml::node* n = root.get("link")) {
     if (auto pname = n->value<std::string>()) {
       auto l = link_profile(*pname);
-      if (!l) e.fail(n, "link", "unknown link profile '" + *pname + "' (gigabit, 10gbe, eth-n150)");
+      if (!l) e.fail(n, "link", "unknown link profile '" + *pname + "' (" + link_profile_names() + ")");
       t.link = *l;
     } else {
       const auto& lt = table_at(e, *n, "link");
