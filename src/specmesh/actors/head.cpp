@@ -73,6 +73,7 @@ caf::actor spawn_head(caf::actor_system& sys, HeadConfig cfg) {
           try {
             if (const auto* l = std::get_if<Logits>(&env.payload)) st.strategy->on_logits(env.run_id, *l);
             else if (const auto* h = std::get_if<HiddenStates>(&env.payload)) st.strategy->on_hidden_states(env.run_id, *h);
+            else if (const auto* a = std::get_if<AttentionSync>(&env.payload)) st.strategy->on_attention_report(env.run_id, *a);
             else if (const auto* e = std::get_if<Error>(&env.payload)) on_error(st, *e);
           } catch (const std::exception& ex) {
             st.host->finish(ex.what());

@@ -40,7 +40,11 @@ Topology configuration(const GenerateOptions& o, const CLI::App& cmd, int thread
     const std::string role = i == 0 ? "draft" : "draft" + std::to_string(i + 1);
     roles[role] = {role, absolute(o.drafts[i]), absolute(o.draft_tokenizer.empty() ? o.tokenizer : o.draft_tokenizer)};
   }
-  Topology t = Topology::single_process({"target", absolute(o.model), absolute(o.tokenizer)}, roles, threads);
+  const ModelSpec target{"target", absolute(o.model), absolute(o.tokenizer)};
+  // An attention-level speculation partner runs the target's model on a device of its own.
+  if (const StrategyInfo* s = o.strategy.empty() ? nullptr : find_strategy(o.strategy); s && !s->pair_role.empty())
+    roles.emplace(s->pair_role, ModelSpec{s->pair_role, target.path, target.tokenizer});
+  Topology t = Topology::single_process(target, roles, threads);
   t.path = "generate";
   t.run.strategy = o.strategy;
   t.run.params = o.params.values(cmd);

@@ -7,9 +7,8 @@ namespace specmesh {
 
 AlspecDevice::AlspecDevice(Context& ctx, int self, SpecConfig spec) : ctx_(ctx), spec_(spec), gate_(self) {}
 
-void AlspecDevice::begin(int32_t token, int32_t pos) {
-  Batch batch;
-  batch.add(token, pos, seq_bit(0), true);
+void AlspecDevice::begin(const Batch& batch) {
+  if (batch.size() != 1) throw std::invalid_argument("ALSpec: a decode step takes one token");
   pass_ = std::make_unique<ForwardPass>(ctx_, batch);
 }
 

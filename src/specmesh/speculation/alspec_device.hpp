@@ -31,6 +31,13 @@ struct AlspecWork {
   size_t sync_bytes = 0;               // residual, K/V rows and hand-offs received
 };
 
+// How a pair speculates: the kernel's layout and lambda, and whether every speculation is
+// rejected whatever its check says (the pair then decodes as plain attention; a baseline).
+struct AlspecSettings {
+  SpecConfig spec;
+  bool force_miss = false;
+};
+
 // What the sender gives the receiver at one attention: its residual stream (n_embd), the
 // token's K and V rows of that layer (kv_dim each) and the speculative output (q_dim).
 struct AlspecHandoff {
@@ -43,9 +50,9 @@ class AlspecDevice {
   // Device `self` (0 or 1) of a pair; the gate keeps its priorities across tokens.
   AlspecDevice(Context& ctx, int self, SpecConfig spec);
 
-  // Starts a decode token at `pos` of sequence 0 (a new forward pass; the embedding is a row
-  // lookup, so both devices do it).
-  void begin(int32_t token, int32_t pos);
+  // Starts a decode token: a batch of one token (a new forward pass; the embedding is a row
+  // lookup, so both devices do it). Throws std::invalid_argument for a larger batch.
+  void begin(const Batch& batch);
   void pre(int il);
   // Takes the other device's priority (see AlspecGate::all_gather).
   void gather(int other_priority) { gate_.all_gather(other_priority); }

@@ -34,8 +34,10 @@ AlspecToken AlspecPair::decode(int32_t token, int32_t pos) {
     d1.gather(p0);
     if (d0.is_sender() == d1.is_sender()) throw std::logic_error("ALSpec: the devices disagree on the sender");
   };
-  d0.begin(token, pos);
-  d1.begin(token, pos);
+  Batch batch;
+  batch.add(token, pos, seq_bit(0), true);
+  d0.begin(batch);
+  d1.begin(batch);
   AlspecToken out;
   for (int il = 0; il < model_.hparams().n_layer; ++il) {
     d0.pre(il);
