@@ -66,11 +66,15 @@ struct Group {
   std::unique_ptr<AlspecDevice> dev;
   SyncInbox inbox;
   CancelSet cancelled;
+  std::atomic<bool> stopping{false};  // the actor is gone: a waiting step gives up
   std::shared_ptr<StageStats> stats;
 };
 
 struct PairState {
   std::shared_ptr<Group> g;
+  ~PairState() {
+    if (g) g->stopping = true;
+  }
 };
 
 Tensor f32_vector(std::vector<float> v) {
@@ -114,7 +118,7 @@ void step(Group& g, uint64_t run, const Batch& batch) {
   const StageConfig& sc = g.cfg.stage;
   const int n_layer = g.ctx->model().hparams().n_layer;
   const int32_t pos = batch.pos[0];
-  auto give_up = [&] { return g.cancelled.contains(run); };
+  auto give_up = [&] { return g.stopping || g.cancelled.contains(run); };
   auto send = [&](SyncKind kind, int layer, std::vector<Tensor> tensors) {
     AttentionSync s{g.cfg.peer_pipeline, kind, layer, pos, dev.gate().priority(), std::move(tensors), 0};
     sc.router->send(g.cfg.peer_node, make_envelope(run, std::move(s)));
