@@ -34,8 +34,10 @@ void settle(HeadState& st) {
     try {
       st.host = std::make_unique<HeadHost>(st.cfg, s, st.next_run);
       st.strategy = st.cfg.strategy->make(*st.host);
-      // Every request starts from clean caches; the removal travels ahead of the first run.
-      for (const auto& [role, p] : st.cfg.pipelines) st.host->kv_ops(role, {{KvOpKind::remove, -1, -1, -1, -1}});
+      // Every request starts from clean caches; the removal travels ahead of the first run. A
+      // pair's partner gets it from the target's group, in order with the runs.
+      for (const auto& [role, p] : st.cfg.pipelines)
+        if (role != st.cfg.strategy->pair_role) st.host->kv_ops(role, {{KvOpKind::remove, -1, -1, -1, -1}});
       st.strategy->start();
     } catch (const std::exception& e) {
       if (st.host) {
