@@ -194,17 +194,24 @@ TEST(AlspecActors, ParametersAreChecked) {
   EXPECT_THROW(s.check(s.resolve({{"window", 512}}), {256, {}}), ParamConflict);
 }
 
-TEST(AlspecActors, BothGroupsOnOneDeviceAreRejected) {
+TEST(AlspecActors, GroupsOnOneDeviceOrWithAnotherModelAreRejected) {
   SPECMESH_REQUIRE_REFDATA();
-  std::string text = "[run]\nmodel = \"m\"\nstrategy = \"alspec\"\n[models.m]\npath = \"" +
-                     refdata("gguf-models/stories260K.gguf") +
-                     "\"\n[nodes.head]\nendpoint = \"inproc://alspec-one-device\"\nhead = true\n[devices.cpu]\nnode = \"head\"\n";
-  try {
-    Runtime rt(Topology::parse(text, "t.toml", "/"));
-    FAIL() << "expected an error";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("devices of their own"), std::string::npos) << e.what();
-  }
+  auto error = [](const std::string& text) {
+    try {
+      Runtime rt(Topology::parse(text, "t.toml", "/"));
+      return std::string("no error");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+  };
+  const std::string head = "[run]\nmodel = \"m\"\nstrategy = \"alspec\"\n[models.m]\npath = \"" +
+                           refdata("gguf-models/stories260K.gguf") + "\"\n[nodes.head]\nendpoint = \"inproc://alspec-checks\"\n"
+                           "head = true\n[devices.cpu]\nnode = \"head\"\n";
+  EXPECT_NE(error(head).find("devices of their own"), std::string::npos) << error(head);
+  const std::string other = head + "[run.roles]\nreceiver = \"o\"\n[models.o]\npath = \"" +
+                            refdata("gguf-models/stories260K-draft-tiny.gguf") + "\"\n[devices.gpu]\nnode = \"head\"\n"
+                            "[[stages]]\nrole = \"receiver\"\ndevice = \"gpu\"\nfraction = 1.0\n";
+  EXPECT_NE(error(other).find("must run the target's model"), std::string::npos) << error(other);
 }
 
 // Kills the node process of one group (0: the target's, 1: the receiver's) mid-generation.

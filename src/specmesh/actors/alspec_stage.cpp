@@ -1,6 +1,9 @@
 #include "specmesh/actors/alspec_stage.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <tuple>

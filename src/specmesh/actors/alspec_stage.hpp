@@ -8,6 +8,8 @@
 // per layer the groups exchange priorities (attention_sync/priority), the sender sends its
 // state and the speculative attention output (attention_sync/handoff); after the last layer
 // the group holding the right state sends a report and then the logits to the head.
+// A device's timing profile does not stretch these jobs; it only prices, in the report, the
+// time the accepted speculations save.
 #pragma once
 
 #include <chrono>

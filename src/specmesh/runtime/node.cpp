@@ -64,6 +64,11 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
       throw ConfigError(topo.path + ": strategy \"" + strat->name + "\" runs roles \"" + kTargetRole + "\" and \"" +
                         pair_role + "\" as one stage each (they have " + std::to_string(target.size()) + " and " +
                         std::to_string(partner.size()) + ")");
+    const auto roles = topo.role_models();
+    const ModelSpec &tm = topo.models.at(roles.at(kTargetRole)), &pm = topo.models.at(roles.at(pair_role));
+    if (tm.path != pm.path || tm.tokenizer != pm.tokenizer)
+      throw ConfigError(topo.path + ": role \"" + pair_role + "\" must run the target's model (" + tm.path + "), not " +
+                        pm.path);
     if (target[0]->device == partner[0]->device)
       throw ConfigError(topo.path + ": roles \"" + kTargetRole + "\" and \"" + pair_role +
                         "\" speculate on each other's attention and need devices of their own (both use \"" +
