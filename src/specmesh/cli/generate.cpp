@@ -88,6 +88,8 @@ void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
     if (r.metrics.drafted > 0)
       std::fprintf(stderr, "; acceptance %.2f, %.2f tokens per verification", r.metrics.acceptance_rate(),
                    r.metrics.tokens_per_verification());
+    if (r.metrics.attention_checks > 0)
+      std::fprintf(stderr, "; attention speculations accepted %.2f", r.metrics.attention_hit_rate());
     std::fprintf(stderr, "]\n");
   }
   if (!r.ok()) throw std::runtime_error(r.error);
