@@ -55,6 +55,11 @@ std::vector<Envelope> samples() {
   out.push_back(make_envelope(12, Error{ErrorCode::messages_lost, "", ""}));
   out.push_back(make_envelope(13, HiddenStates{"target", 3, {0, 1, 2}, {17, 18, 18}, iota_tensor({3, 16})}));
   out.push_back(make_envelope(14, HiddenStates{"target", 0, {}, {}, iota_tensor({0, 16})}));
+  out.push_back(make_envelope(15, AttentionSync{"receiver", SyncKind::priority, 3, 40, 2, {}, 0}));
+  out.push_back(make_envelope(15, AttentionSync{"target", SyncKind::handoff, 3, 40, 1,
+                                                {iota_tensor({16}), iota_tensor({4}), iota_tensor({4}), iota_tensor({16})}, 0}));
+  out.push_back(make_envelope(15, AttentionSync{"target", SyncKind::report, 4, 40, 0,
+                                                {Tensor::from(WireDType::u8, {4}, std::vector<uint8_t>{1, 0, 1, 1})}, 0.25}));
   for (std::size_t i = 0; i < out.size(); ++i) {
     out[i].seq = 1000 + i;
     out[i].session = 0xfeedfacecafebeefull;
@@ -86,7 +91,9 @@ TEST(Messages, WireValuesAreAppendedNeverRenumbered) {
   EXPECT_EQ(uint8_t(MsgType::run_start), 1);
   EXPECT_EQ(uint8_t(MsgType::error), 7);
   EXPECT_EQ(uint8_t(MsgType::hidden_states), 8);
-  EXPECT_EQ(kMsgTypeMax, uint8_t(MsgType::hidden_states));
+  EXPECT_EQ(uint8_t(MsgType::attention_sync), 9);
+  EXPECT_EQ(kMsgTypeMax, uint8_t(MsgType::attention_sync));
+  EXPECT_STREQ(to_string(MsgType::attention_sync), "attention_sync");
   EXPECT_STREQ(to_string(MsgType::hidden_states), "hidden_states");
 }
 
@@ -350,6 +357,49 @@ TEST(Messages, InconsistentHiddenStatesAreRejected) {
         "short frame");
   check(hidden_states_header(2, {0, 1}, {5, 6}, WireDType::f16, {2, int64_t{1} << 62}, 0), 0, DecodeError::bad_tensor,
         "byte count wraps around");
+}
+
+// Builds an attention_sync header with `n` f32 (or u8) vectors of 4 elements.
+std::string attention_sync_header(uint64_t kind, int64_t layer, int64_t priority, int n, WireDType dtype,
+                                  std::vector<int64_t> shape) {
+  return header_with(uint64_t(MsgType::attention_sync), [&](auto& pk) {
+    pk.pack_array(7);
+    pk.pack(std::string("receiver"));
+    pk.pack(kind);
+    pk.pack(layer);
+    pk.pack(int64_t{9});
+    pk.pack(priority);
+    pk.pack_array(n);
+    for (int i = 0; i < n; ++i) {
+      pk.pack_array(3);
+      pk.pack(uint8_t(dtype));
+      pk.pack(shape);
+      pk.pack(uint64_t(4 * dtype_size(dtype)));
+    }
+    pk.pack(0.0);
+  });
+}
+
+TEST(Messages, InconsistentAttentionSyncsAreRejected) {
+  auto check = [](const std::string& h, int frames, std::size_t bytes, DecodeError want, const char* what) {
+    std::vector<Blob> blobs;
+    for (int i = 0; i < frames; ++i) blobs.push_back(Blob::adopt(std::vector<char>(bytes)));
+    auto r = decode_bytes(h, blobs);
+    EXPECT_EQ(r.error, want) << what << ": " << r.detail;
+  };
+  const auto f32 = WireDType::f32;
+  check(attention_sync_header(0, 2, 1, 0, f32, {4}), 0, 0, DecodeError::none, "priority");
+  check(attention_sync_header(1, 2, 2, 4, f32, {4}), 4, 16, DecodeError::none, "hand-off");
+  check(attention_sync_header(2, 2, 0, 1, WireDType::u8, {4}), 1, 4, DecodeError::none, "report");
+  check(attention_sync_header(3, 2, 1, 0, f32, {4}), 0, 0, DecodeError::bad_enum, "unknown kind");
+  check(attention_sync_header(0, -1, 1, 0, f32, {4}), 0, 0, DecodeError::malformed, "negative layer");
+  check(attention_sync_header(0, 2, 3, 0, f32, {4}), 0, 0, DecodeError::malformed, "priority above 2");
+  check(attention_sync_header(0, 2, -1, 0, f32, {4}), 0, 0, DecodeError::malformed, "negative priority");
+  check(attention_sync_header(1, 2, 2, 3, f32, {4}), 3, 16, DecodeError::bad_tensor, "hand-off without the output");
+  check(attention_sync_header(0, 2, 1, 1, f32, {4}), 1, 16, DecodeError::bad_tensor, "priority with a tensor");
+  check(attention_sync_header(1, 2, 2, 4, WireDType::f16, {4}), 4, 8, DecodeError::bad_tensor, "f16 hand-off");
+  check(attention_sync_header(1, 2, 2, 4, f32, {2, 2}), 4, 16, DecodeError::bad_tensor, "matrix hand-off");
+  check(attention_sync_header(2, 2, 0, 1, f32, {4}), 1, 16, DecodeError::bad_tensor, "f32 report");
 }
 
 // Runs in a death-test child: caps the address space 256 MiB above the current size, then

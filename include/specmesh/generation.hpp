@@ -50,9 +50,19 @@ struct Metrics {
   int64_t runs_launched = 0;       // target runs started
   int64_t runs_cancelled = 0;      // runs stopped before they finished
   int64_t runs_wasted = 0;         // runs that finished but whose result was discarded
+  // Attention-level speculation, over the decode tokens and their layers:
+  int64_t attention_checks = 0;    // layer attentions speculated
+  int64_t attention_hits = 0;      // speculations accepted
+  double overlap_saved_ms = 0;     // modelled time the accepted ones saved (0 without timing)
+  std::vector<double> layer_hit_rates;  // per layer: share of the tokens accepted there
+  std::vector<double> token_hit_rates;  // per decode token: share of its layers accepted
 
   // accepted / drafted; 0 when nothing was drafted.
   double acceptance_rate() const { return drafted > 0 ? double(accepted) / double(drafted) : 0.0; }
+  // attention_hits / attention_checks; 0 without any.
+  double attention_hit_rate() const {
+    return attention_checks > 0 ? double(attention_hits) / double(attention_checks) : 0.0;
+  }
   // Tokens one verification yields: (accepted + verifications) / verifications; 0 without any.
   double tokens_per_verification() const {
     return verifications > 0 ? double(accepted + verifications) / double(verifications) : 0.0;

@@ -34,8 +34,10 @@ void settle(HeadState& st) {
     try {
       st.host = std::make_unique<HeadHost>(st.cfg, s, st.next_run);
       st.strategy = st.cfg.strategy->make(*st.host);
-      // Every request starts from clean caches; the removal travels ahead of the first run.
-      for (const auto& [role, p] : st.cfg.pipelines) st.host->kv_ops(role, {{KvOpKind::remove, -1, -1, -1, -1}});
+      // Every request starts from clean caches; the removal travels ahead of the first run. A
+      // pair's partner gets it from the target's group, in order with the runs.
+      for (const auto& [role, p] : st.cfg.pipelines)
+        if (role != st.cfg.strategy->pair_role) st.host->kv_ops(role, {{KvOpKind::remove, -1, -1, -1, -1}});
       st.strategy->start();
     } catch (const std::exception& e) {
       if (st.host) {
@@ -73,6 +75,7 @@ caf::actor spawn_head(caf::actor_system& sys, HeadConfig cfg) {
           try {
             if (const auto* l = std::get_if<Logits>(&env.payload)) st.strategy->on_logits(env.run_id, *l);
             else if (const auto* h = std::get_if<HiddenStates>(&env.payload)) st.strategy->on_hidden_states(env.run_id, *h);
+            else if (const auto* a = std::get_if<AttentionSync>(&env.payload)) st.strategy->on_attention_report(env.run_id, *a);
             else if (const auto* e = std::get_if<Error>(&env.payload)) on_error(st, *e);
           } catch (const std::exception& ex) {
             st.host->finish(ex.what());

@@ -59,7 +59,7 @@ struct HeadConfig {
 };
 
 // Messages: (generate_atom, SessionPtr) from clients; (from, Envelope) from the gateway
-// carrying Logits, HiddenStates or Error.
+// carrying Logits, HiddenStates, AttentionSync reports or Error.
 caf::actor spawn_head(caf::actor_system& sys, HeadConfig cfg);
 
 }  // namespace specmesh

@@ -40,7 +40,11 @@ Topology configuration(const GenerateOptions& o, const CLI::App& cmd, int thread
     const std::string role = i == 0 ? "draft" : "draft" + std::to_string(i + 1);
     roles[role] = {role, absolute(o.drafts[i]), absolute(o.draft_tokenizer.empty() ? o.tokenizer : o.draft_tokenizer)};
   }
-  Topology t = Topology::single_process({"target", absolute(o.model), absolute(o.tokenizer)}, roles, threads);
+  const ModelSpec target{"target", absolute(o.model), absolute(o.tokenizer)};
+  // An attention-level speculation partner runs the target's model on a device of its own.
+  if (const StrategyInfo* s = o.strategy.empty() ? nullptr : find_strategy(o.strategy); s && !s->pair_role.empty())
+    roles.emplace(s->pair_role, ModelSpec{s->pair_role, target.path, target.tokenizer});
+  Topology t = Topology::single_process(target, roles, threads);
   t.path = "generate";
   t.run.strategy = o.strategy;
   t.run.params = o.params.values(cmd);
@@ -84,6 +88,8 @@ void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
     if (r.metrics.drafted > 0)
       std::fprintf(stderr, "; acceptance %.2f, %.2f tokens per verification", r.metrics.acceptance_rate(),
                    r.metrics.tokens_per_verification());
+    if (r.metrics.attention_checks > 0)
+      std::fprintf(stderr, "; attention speculations accepted %.2f", r.metrics.attention_hit_rate());
     std::fprintf(stderr, "]\n");
   }
   if (!r.ok()) throw std::runtime_error(r.error);

@@ -19,6 +19,7 @@ const char* to_string(MsgType t) {
     case MsgType::heartbeat: return "heartbeat";
     case MsgType::error: return "error";
     case MsgType::hidden_states: return "hidden_states";
+    case MsgType::attention_sync: return "attention_sync";
   }
   return "unknown";
 }
@@ -167,6 +168,17 @@ struct Encoder {
     ints(m.positions);
     tensor(m.states);
   }
+  void operator()(const AttentionSync& m) {
+    pk.pack_array(7);
+    pk.pack(m.pipeline);
+    pk.pack_uint8(static_cast<uint8_t>(m.kind));
+    pk.pack_int32(m.layer);
+    pk.pack_int32(m.position);
+    pk.pack_int32(m.priority);
+    pk.pack_array(static_cast<uint32_t>(m.tensors.size()));
+    for (const auto& t : m.tensors) tensor(t);
+    pk.pack_double(m.saved_ms);
+  }
 };
 
 // --- decoding -----------------------------------------------------------------------------
@@ -313,6 +325,33 @@ struct Decoder {
     return m;
   }
 
+  // A pair stage reads the hand-off's vectors straight into a forward pass: their count,
+  // dtype and rank are checked here, their lengths against the model by the stage.
+  AttentionSync attention_sync(const msgpack::object& o) {
+    const auto& a = array(o, 7, "attention_sync");
+    AttentionSync m;
+    m.pipeline = str(a.ptr[0], "pipeline");
+    m.kind = static_cast<SyncKind>(enum_value(a.ptr[1], kSyncKindMax, "sync kind"));
+    m.layer = int32_t(i64(a.ptr[2], 0, std::numeric_limits<int32_t>::max(), "layer"));
+    m.position = int32_t(i64(a.ptr[3], 0, std::numeric_limits<int32_t>::max(), "position"));
+    m.priority = int32_t(i64(a.ptr[4], 0, 2, "priority"));
+    const auto& ts = array(a.ptr[5], UINT32_MAX, "attention_sync tensors");
+    for (uint32_t i = 0; i < ts.size; ++i) m.tensors.push_back(tensor(ts.ptr[i]));
+    // msgpack writes a whole-valued double as an integer.
+    const msgpack::object& saved = a.ptr[6];
+    if (saved.type == msgpack::type::FLOAT64 || saved.type == msgpack::type::FLOAT32) m.saved_ms = saved.via.f64;
+    else m.saved_ms = double(i64(saved, 0, std::numeric_limits<int64_t>::max(), "saved_ms"));
+    const size_t want = m.kind == SyncKind::handoff ? 4 : m.kind == SyncKind::report ? 1 : 0;
+    if (m.tensors.size() != want)
+      fail(DecodeError::bad_tensor, "attention_sync: " + std::to_string(m.tensors.size()) + " tensors, expected " +
+                                        std::to_string(want));
+    const WireDType dtype = m.kind == SyncKind::report ? WireDType::u8 : WireDType::f32;
+    for (const Tensor& t : m.tensors)
+      if (t.dtype != dtype || t.shape.size() != 1)
+        fail(DecodeError::bad_tensor, std::string("attention_sync: expected 1-D ") + to_string(dtype) + " vectors");
+    return m;
+  }
+
   Payload payload(MsgType type, const msgpack::object& o) {
     switch (type) {
       case MsgType::run_start: return run_start(o);
@@ -374,6 +413,7 @@ struct Decoder {
         return m;
       }
       case MsgType::hidden_states: return hidden_states(o);
+      case MsgType::attention_sync: return attention_sync(o);
     }
     fail(DecodeError::unknown_type, "unknown message type");
   }

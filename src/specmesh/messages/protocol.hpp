@@ -39,9 +39,10 @@ enum class MsgType : uint8_t {
   heartbeat = 6,
   error = 7,
   hidden_states = 8,
+  attention_sync = 9,
 };
 inline constexpr uint8_t kMsgTypeMin = 1;
-inline constexpr uint8_t kMsgTypeMax = 8;
+inline constexpr uint8_t kMsgTypeMax = 9;
 
 // Control messages travel on their own socket so they overtake queued tensors.
 constexpr bool is_control(MsgType t) {
@@ -190,6 +191,26 @@ struct HiddenStates {
   friend bool operator==(const HiddenStates&, const HiddenStates&) = default;
 };
 
+// The per-layer exchange between the two devices of an attention-level speculation pair
+// (ALSpec), and the pair's per-token report to the head. Per decode token and layer each
+// device sends its priority (the all-gather); the sender then hands the receiver its state
+// and the speculative attention output; after the last layer (layer == n_layer) one more
+// priority exchange names the device that sends the logits, with a report before them.
+enum class SyncKind : uint8_t { priority = 0, handoff = 1, report = 2 };
+inline constexpr uint8_t kSyncKindMax = 2;
+struct AttentionSync {
+  std::string pipeline;  // role of the stage it is for; report: the run's role
+  SyncKind kind = SyncKind::priority;
+  int32_t layer = 0;     // the attention's layer; n_layer for the final all-gather
+  int32_t position = 0;  // the decode token's position
+  int32_t priority = 0;  // priority: 0, 1 or 2 (see speculation/alspec_gating.hpp)
+  // handoff: f32 vectors residual (n_embd), K and V rows (kv_dim), speculative output (q_dim);
+  // report: u8 per layer, 1 where the speculation was accepted; priority: none.
+  std::vector<Tensor> tensors;
+  double saved_ms = 0;   // report: modelled time the accepted speculations saved
+  friend bool operator==(const AttentionSync&, const AttentionSync&) = default;
+};
+
 // KV-cache edits with llama.cpp semantics over position ranges [pos_begin, pos_end);
 // a negative bound means open-ended. dst_seq is used by copy only.
 enum class KvOpKind : uint8_t { copy = 0, remove = 1, keep = 2 };
@@ -236,7 +257,8 @@ struct Error {
 };
 
 // Alternative index + 1 == MsgType wire value.
-using Payload = std::variant<RunStart, Activations, Logits, KvCacheOp, Cancel, Heartbeat, Error, HiddenStates>;
+using Payload =
+    std::variant<RunStart, Activations, Logits, KvCacheOp, Cancel, Heartbeat, Error, HiddenStates, AttentionSync>;
 static_assert(std::variant_size_v<Payload> == kMsgTypeMax);
 
 struct Envelope {

@@ -5,6 +5,7 @@
 #include <caf/actor_system.hpp>
 #include <caf/send.hpp>
 
+#include "specmesh/actors/alspec_stage.hpp"
 #include "specmesh/actors/head.hpp"
 #include "specmesh/transport/dispatcher.hpp"
 
@@ -50,6 +51,30 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
     actors_.push_back(device_actors[dn]);
   }
 
+  // With attention-level speculation the target's stage and its partner's are the two groups
+  // of a pair (group 0 and 1), built as pair stages.
+  const StrategyInfo* strat = topo.run.strategy.empty() ? nullptr : find_strategy(topo.run.strategy);
+  const std::string pair_role = strat ? strat->pair_role : "";
+  auto pair_group = [&](const std::string& role) {
+    return pair_role.empty() ? -1 : role == kTargetRole ? 0 : role == pair_role ? 1 : -1;
+  };
+  if (!pair_role.empty()) {
+    const auto target = topo.stages_of(kTargetRole), partner = topo.stages_of(pair_role);
+    if (target.size() != 1 || partner.size() != 1)
+      throw ConfigError(topo.path + ": strategy \"" + strat->name + "\" runs roles \"" + kTargetRole + "\" and \"" +
+                        pair_role + "\" as one stage each (they have " + std::to_string(target.size()) + " and " +
+                        std::to_string(partner.size()) + ")");
+    const auto roles = topo.role_models();
+    const ModelSpec &tm = topo.models.at(roles.at(kTargetRole)), &pm = topo.models.at(roles.at(pair_role));
+    if (tm.path != pm.path || tm.tokenizer != pm.tokenizer)
+      throw ConfigError(topo.path + ": role \"" + pair_role + "\" must run the target's model (" + tm.path + "), not " +
+                        pm.path);
+    if (target[0]->device == partner[0]->device)
+      throw ConfigError(topo.path + ": roles \"" + kTargetRole + "\" and \"" + pair_role +
+                        "\" speculate on each other's attention and need devices of their own (both use \"" +
+                        target[0]->device + "\")");
+  }
+
   std::vector<Route> routes;
   for (const auto& [role, model] : topo.role_models()) {
     auto stages = topo.stages_of(role);
@@ -69,7 +94,19 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
       sc.device_state = devices_.at(s.device);
       sc.router = router_;
       auto stats = std::make_shared<StageStats>();
-      caf::actor a = spawn_stage(sys, sc, stats);
+      caf::actor a;
+      if (const int group = pair_group(role); group >= 0) {
+        AlspecStageConfig pc;
+        pc.stage = sc;
+        pc.self = group;
+        pc.run_pipeline = kTargetRole;
+        pc.peer_pipeline = group == 0 ? pair_role : kTargetRole;
+        pc.peer_node = topo.node_of_device(topo.stages_of(pc.peer_pipeline)[0]->device).name;
+        pc.settings = strat->pair_settings(strat->resolve(topo.run.params));
+        a = spawn_alspec_stage(sys, pc, stats);
+      } else {
+        a = spawn_stage(sys, sc, stats);
+      }
       actors_.push_back(a);
       routes.push_back({role, s.layer_begin, a});
       stage_info_.push_back({role, s.layer_begin, s.layer_end, s.device, stats});
@@ -87,7 +124,7 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
   dispatcher_ = spawn_dispatcher(sys, node, routes, head_);
   actors_.push_back(dispatcher_);
   router_->set_local(dispatcher_);
-  for (MsgType t : {MsgType::run_start, MsgType::activations, MsgType::kv_cache_op, MsgType::cancel})
+  for (MsgType t : {MsgType::run_start, MsgType::activations, MsgType::kv_cache_op, MsgType::cancel, MsgType::attention_sync})
     gateway_->subscribe(t, dispatcher_, Delivery::inline_io);  // it only forwards
 }
 

@@ -307,7 +307,7 @@ void Topology::check() {
     throw ConfigError(path + (it != lines.end() ? ":" + std::to_string(it->second) : "") + ": " + key + ": " + what);
   };
   if (run.model.empty() || !models.count(run.model)) fail("run.model", "names no model in [models]: '" + run.model + "'");
-  const std::map<std::string, std::string> roles = role_models();
+  std::map<std::string, std::string> roles = role_models();
   for (const auto& [role, model] : roles)
     if (!models.count(model)) fail(role == kTargetRole ? "run.model" : role == "draft" ? "run.draft" : "run.roles." + role,
                                    "names no model in [models]: '" + model + "'");
@@ -316,6 +316,12 @@ void Topology::check() {
   const StrategyInfo* info = run.strategy.empty() ? &default_strategy(present) : find_strategy(run.strategy);
   if (!info) fail("run.strategy", "unknown strategy \"" + run.strategy + "\" (registered: " + strategy_names() + ")");
   run.strategy = info->name;
+  // An attention-level speculation partner without a model of its own runs the target's.
+  if (!info->pair_role.empty() && !roles.count(info->pair_role)) {
+    run.roles[info->pair_role] = run.model;
+    roles = role_models();
+    present.insert(info->pair_role);
+  }
   for (const std::string& role : info->roles)
     if (!roles.count(role)) fail("run.strategy", "\"" + info->name + "\" needs a pipeline for role \"" + role + "\"");
   for (const auto& [k, v] : run.params) {

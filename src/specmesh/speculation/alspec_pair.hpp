@@ -13,8 +13,8 @@
 // 2S keys or more (below that the speculative output is exact), so the pair then decodes bit
 // for bit as one context with the same attention layout.
 //
-// Sequential here: the work counters say what each device ran and skipped, which is what the
-// overlap on real hardware would save.
+// Sequential here (both devices step through alspec_device.hpp in turn): the work counters
+// say what each device ran and skipped, which is what the overlap on real hardware would save.
 #pragma once
 
 #include <cstddef>
@@ -25,7 +25,7 @@
 
 #include "specmesh/kernels/flash_decode.hpp"
 #include "specmesh/model/context.hpp"
-#include "specmesh/speculation/alspec_gating.hpp"
+#include "specmesh/speculation/alspec_device.hpp"
 
 namespace specmesh {
 
@@ -33,16 +33,6 @@ struct AlspecParams {
   SpecConfig spec;    // sink/window length S, middle chunk, tile, lambda
   int n_ctx = 0;      // KV cells per device (0: the model's default)
   int n_threads = 1;  // per device
-};
-
-// What one device did, counted per op over all decode tokens so far.
-struct AlspecWork {
-  int pre_run = 0, pre_skipped = 0;    // ops before attention (norm, QKV, RoPE, KV write)
-  int post_run = 0, post_skipped = 0;  // ops after attention (output projection, FFN)
-  int sent = 0;                        // attentions as sender (speculative + full + check)
-  int received = 0;                    // attentions as receiver (waits for the hand-off)
-  int heads = 0;                       // classifier runs
-  size_t sync_bytes = 0;               // residual, K/V rows and hand-offs received
 };
 
 // One decode token's result.
@@ -71,15 +61,14 @@ class AlspecPair {
 
   const AlspecParams& params() const { return params_; }
   Context& device(int k) { return *ctx_[k]; }
-  const AlspecGate& gate(int k) const { return gate_[k]; }
-  const AlspecWork& work(int k) const { return work_[k]; }
+  const AlspecGate& gate(int k) const { return dev_[k]->gate(); }
+  const AlspecWork& work(int k) const { return dev_[k]->work(); }
 
  private:
   const Model& model_;
   AlspecParams params_;
   std::unique_ptr<Context> ctx_[2];
-  AlspecGate gate_[2]{AlspecGate(0), AlspecGate(1)};
-  AlspecWork work_[2];
+  std::unique_ptr<AlspecDevice> dev_[2];
   AlspecVerdict verdict_;
 };
 

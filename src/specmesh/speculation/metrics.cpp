@@ -54,7 +54,8 @@ const std::vector<std::string>& SpecMetrics::csv_columns() {
   static const std::vector<std::string> cols = {
       "strategy", "target_model", "draft_model", "prompt_tokens", "generated_tokens", "ttft_ms", "mean_itl_ms",
       "decode_tokens_per_s", "drafted", "accepted", "acceptance_rate", "verifications", "tokens_per_verification",
-      "runs_launched", "runs_cancelled", "runs_wasted"};
+      "runs_launched", "runs_cancelled", "runs_wasted", "attention_checks", "attention_hits", "attention_hit_rate",
+      "overlap_saved_ms"};
   return cols;
 }
 
@@ -74,7 +75,11 @@ std::vector<std::string> SpecMetrics::csv_values() const {
           number(tokens_per_verification()),
           std::to_string(runs_launched),
           std::to_string(runs_cancelled),
-          std::to_string(runs_wasted)};
+          std::to_string(runs_wasted),
+          std::to_string(attention_checks),
+          std::to_string(attention_hits),
+          number(attention_hit_rate()),
+          number(overlap_saved_ms)};
 }
 
 nlohmann::json SpecMetrics::to_json() const {
@@ -93,7 +98,13 @@ nlohmann::json SpecMetrics::to_json() const {
           {"tokens_per_verification", tokens_per_verification()},
           {"runs_launched", runs_launched},
           {"runs_cancelled", runs_cancelled},
-          {"runs_wasted", runs_wasted}};
+          {"runs_wasted", runs_wasted},
+          {"attention_checks", attention_checks},
+          {"attention_hits", attention_hits},
+          {"attention_hit_rate", attention_hit_rate()},
+          {"overlap_saved_ms", overlap_saved_ms},
+          {"layer_hit_rates", layer_hit_rates},
+          {"token_hit_rates", token_hit_rates}};
 }
 
 void to_json(nlohmann::json& j, const Metrics& m) { j = SpecMetrics(m).to_json(); }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "specmesh/speculation/alspec_device.hpp"
 #include "specmesh/speculation/params.hpp"
 #include "specmesh/speculation/strategy.hpp"
 
@@ -39,6 +40,11 @@ struct StrategyInfo {
   std::function<std::unique_ptr<Strategy>(StrategyHost&)> make;
   // Optional: throws ParamConflict when resolved parameters do not fit together or the setup.
   std::function<void(const StrategyParams&, const SetupFacts&)> check;
+  // Attention-level speculation: the role whose pipeline pairs with the target's. Both run the
+  // target's model on devices of their own, one stage each, and the runtime builds them as
+  // the two groups of actors/alspec_stage with pair_settings(params). Empty: plain pipelines.
+  std::string pair_role;
+  std::function<AlspecSettings(const StrategyParams&)> pair_settings;
 
   const ParamSpec* param(const std::string& key) const;
   // Defaults for everything not given; throws std::invalid_argument naming an unknown key

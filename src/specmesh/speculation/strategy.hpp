@@ -62,6 +62,9 @@ class Strategy {
   // Hidden states a stage tapped for this strategy (StageConfig::tap_layers), which arrive
   // before their run's logits when they travel the same link.
   virtual void on_hidden_states(uint64_t run, const HiddenStates& states) {}
+  // An attention-level speculation pair's report on a decode token (StrategyInfo::pair_role),
+  // which arrives before the run's logits.
+  virtual void on_attention_report(uint64_t run, const AttentionSync& report) {}
   // The session is over: drop whatever is still in flight so the next one does not queue
   // behind it.
   virtual void abandon() {}

@@ -20,6 +20,8 @@ caf::actor spawn_dispatcher(caf::actor_system& sys, std::string node, std::vecto
           if (const auto* r = std::get_if<RunStart>(&env.payload)) to = find(r->pipeline, 0);
           else if (const auto* a = std::get_if<Activations>(&env.payload)) to = find(a->pipeline, a->layer);
           else if (const auto* k = std::get_if<KvCacheOp>(&env.payload)) to = find(k->pipeline, k->layer);
+          else if (const auto* s = std::get_if<AttentionSync>(&env.payload); s && s->kind != SyncKind::report)
+            to = find(s->pipeline, 0);
           else if (std::holds_alternative<Cancel>(env.payload)) {
             for (const auto& r : routes) caf::anon_send<caf::message_priority::high>(r.stage, from, env);
             return;

@@ -1,7 +1,8 @@
 // A node's dispatcher: hands each envelope for the node's stages (from the gateway) and each
 // envelope the node sends to itself (through its Router) to the actor it is for. Work (run
 // starts, activations, cache operations) goes to the stage whose layers start where it
-// points; a cancel goes to every stage; everything else is a result (logits, errors, and
+// points, a pair's attention sync to its pipeline's stage; a cancel goes to every stage;
+// everything else is a result (logits, errors, and
 // result types added later) and goes to the local head when there is one.
 #pragma once
 

@@ -1,0 +1,280 @@
+#include "specmesh/actors/alspec_stage.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <spdlog/spdlog.h>
+
+#include "specmesh/devices/device.hpp"
+
+namespace specmesh {
+
+namespace {
+
+// The partner's messages, filled by the actor and taken by the step running on the device
+// thread, which blocks between layers until the message it needs is there.
+class SyncInbox {
+ public:
+  void put(uint64_t run, AttentionSync s) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      box_[{run, s.kind, s.layer}] = std::move(s);
+    }
+    cv_.notify_all();
+  }
+  // Throws ForwardCancelled when give_up() says so, std::runtime_error after `timeout`.
+  AttentionSync take(uint64_t run, SyncKind kind, int layer, std::chrono::milliseconds timeout,
+                     const std::function<bool()>& give_up) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      auto it = box_.find({run, kind, layer});
+      if (it != box_.end()) {
+        AttentionSync s = std::move(it->second);
+        box_.erase(it);
+        return s;
+      }
+      if (give_up()) throw ForwardCancelled();
+      if (std::chrono::steady_clock::now() > deadline)
+        throw std::runtime_error("ALSpec partner sent nothing for layer " + std::to_string(layer) + " within " +
+                                 std::to_string(timeout.count()) + " ms");
+      cv_.wait_for(lk, std::chrono::milliseconds(20));
+    }
+  }
+  // Drops what is left of earlier (cancelled or failed) runs.
+  void forget_before(uint64_t run) {
+    std::lock_guard<std::mutex> lk(mu_);
+    box_.erase(box_.begin(), box_.lower_bound({run, SyncKind::priority, 0}));
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::tuple<uint64_t, SyncKind, int>, AttentionSync> box_;
+};
+
+// Everything the device jobs share; they run one at a time on the group's device.
+struct Group {
+  AlspecStageConfig cfg;
+  std::shared_ptr<Context> ctx;
+  std::unique_ptr<AlspecDevice> dev;
+  SyncInbox inbox;
+  CancelSet cancelled;
+  std::atomic<bool> stopping{false};  // the actor is gone: a waiting step gives up
+  std::shared_ptr<StageStats> stats;
+};
+
+struct PairState {
+  std::shared_ptr<Group> g;
+  ~PairState() {
+    if (g) g->stopping = true;
+  }
+};
+
+Tensor f32_vector(std::vector<float> v) {
+  const int64_t n = int64_t(v.size());
+  return Tensor::from(WireDType::f32, {n}, std::move(v));
+}
+
+std::vector<float> floats(const Tensor& t) {
+  return t.data.aligned_for<float>() ? std::vector<float>(t.data.view<float>().begin(), t.data.view<float>().end())
+                                     : t.data.to_vector<float>();
+}
+
+void report_error(const Group& g, uint64_t run, const std::string& what) {
+  const StageConfig& sc = g.cfg.stage;
+  spdlog::error("ALSpec group {} on {}: run {}: {}", sc.pipeline, sc.self_node, run, what);
+  sc.router->send(sc.head_node, make_envelope(run, Error{ErrorCode::invalid_request, sc.self_node, what}));
+}
+
+void send_logits(const Group& g, uint64_t run, std::vector<int32_t> rows, std::vector<float> logits) {
+  const int64_t n_vocab = g.ctx->model().hparams().n_vocab;
+  Logits l;
+  l.pipeline = g.cfg.run_pipeline;
+  l.rows = std::move(rows);
+  l.logits = Tensor::from(WireDType::f32, {int64_t(l.rows.size()), n_vocab}, std::move(logits));
+  g.cfg.stage.router->send(g.cfg.stage.head_node, make_envelope(run, std::move(l)));
+}
+
+// Modelled time an accepted speculation saves at this context length: the receiver goes on
+// after the speculative part instead of the full flash decode. 0 without measured timing.
+double saved_ms(const Group& g, int64_t context) {
+  const auto& profile = g.cfg.stage.device_state->profile();
+  if (!profile || !profile->times) return 0;
+  const double k = double(profile->virtual_context > 0 ? profile->virtual_context : context);
+  const LayerTimes& t = *profile->times;
+  return 1e3 * std::max(0.0, t.attention(AttnMode::flash, k) - t.attention(AttnMode::spec_receiver, k));
+}
+
+// One decode token on this group, in lockstep with the partner.
+void step(Group& g, uint64_t run, const Batch& batch) {
+  AlspecDevice& dev = *g.dev;
+  const StageConfig& sc = g.cfg.stage;
+  const int n_layer = g.ctx->model().hparams().n_layer;
+  const int32_t pos = batch.pos[0];
+  auto give_up = [&] { return g.stopping || g.cancelled.contains(run); };
+  auto send = [&](SyncKind kind, int layer, std::vector<Tensor> tensors) {
+    AttentionSync s{g.cfg.peer_pipeline, kind, layer, pos, dev.gate().priority(), std::move(tensors), 0};
+    sc.router->send(g.cfg.peer_node, make_envelope(run, std::move(s)));
+  };
+  // The all-gather; returns the partner's priority.
+  auto gather = [&](int layer) {
+    send(SyncKind::priority, layer, {});
+    const int other = g.inbox.take(run, SyncKind::priority, layer, g.cfg.peer_timeout, give_up).priority;
+    dev.gather(other);
+    return other;
+  };
+
+  g.inbox.forget_before(run);
+  dev.begin(batch);
+  std::vector<uint8_t> hits(n_layer, 0);
+  int received_at = -1;  // the layer this group last received at: its verdict shows at the next gather
+  for (int il = 0; il <= n_layer; ++il) {
+    if (il < n_layer) dev.pre(il);
+    const int other = gather(il);
+    if (received_at >= 0) hits[received_at] = other == AlspecGate::kHit;
+    received_at = -1;
+    if (il == n_layer) break;
+    if (dev.is_sender()) {
+      AlspecHandoff h = dev.attend(il);
+      // The hand-off leaves before this group's own post-attention: that is the overlap.
+      send(SyncKind::handoff, il,
+           {f32_vector(std::move(h.residual)), f32_vector(std::move(h.k)), f32_vector(std::move(h.v)),
+            f32_vector(std::move(h.spec))});
+      const bool hit = !g.cfg.settings.force_miss && dev.check().accept;
+      dev.settle(il, hit);
+      hits[il] = hit;
+    } else {
+      const AttentionSync m = g.inbox.take(run, SyncKind::handoff, il, g.cfg.peer_timeout, give_up);
+      dev.receive(il, {floats(m.tensors[0]), floats(m.tensors[1]), floats(m.tensors[2]), floats(m.tensors[3])});
+      received_at = il;
+    }
+  }
+  if (!dev.is_sender()) {
+    dev.abort();
+    return;
+  }
+  int n_hits = 0;
+  for (uint8_t h : hits) n_hits += h;
+  AttentionSync report{g.cfg.run_pipeline, SyncKind::report, n_layer, pos, dev.gate().priority(),
+                       {Tensor::from(WireDType::u8, {int64_t(n_layer)}, std::move(hits))},
+                       n_hits * saved_ms(g, int64_t(pos) + 1)};
+  sc.router->send(sc.head_node, make_envelope(run, std::move(report)));
+  send_logits(g, run, {0}, dev.output());
+  g.stats->layers_computed += n_layer;
+}
+
+void schedule_run(const std::shared_ptr<Group>& g, uint64_t run, RunStart meta) {
+  auto job = std::make_shared<DeviceJob>();
+  job->run = [g, run, meta = std::move(meta)](ThreadPool&) -> WorkCost {
+    if (g->cancelled.contains(run)) {
+      ++g->stats->runs_cancelled;
+      return {};
+    }
+    try {
+      Batch batch = to_batch(meta);
+      if (batch.size() == 1 && !batch.is_tree() && batch.logits[0]) {
+        step(*g, run, batch);
+      } else {
+        // A prompt chunk: both groups compute it in full; the current sender answers.
+        ForwardOutput out = g->ctx->forward(batch);
+        g->stats->layers_computed += g->ctx->model().hparams().n_layer;
+        if (g->dev->is_sender()) send_logits(*g, run, out.rows, std::move(out.logits));
+      }
+      ++g->stats->runs;
+    } catch (const ForwardCancelled&) {
+      g->dev->abort();
+      ++g->stats->runs_cancelled;
+    } catch (const std::exception& e) {
+      g->dev->abort();
+      report_error(*g, run, e.what());
+    }
+    return {};
+  };
+  caf::anon_send(g->cfg.stage.device, compute_atom::value, std::move(job));
+}
+
+void schedule_kv_ops(const std::shared_ptr<Group>& g, uint64_t run, KvCacheOp ops) {
+  auto job = std::make_shared<DeviceJob>();
+  job->run = [g, run, ops = std::move(ops)](ThreadPool&) -> WorkCost {
+    try {
+      KvCache& kv = g->ctx->kv();
+      for (const KvOp& op : ops.ops) {
+        if (op.seq >= kMaxSeqs || op.dst_seq >= kMaxSeqs) throw std::invalid_argument("sequence id out of range");
+        switch (op.kind) {
+          case KvOpKind::copy: kv.seq_cp(op.seq, op.dst_seq, op.pos_begin, op.pos_end); break;
+          case KvOpKind::remove: kv.seq_rm(op.seq, op.pos_begin, op.pos_end); break;
+          case KvOpKind::keep: kv.seq_keep(op.seq); break;
+        }
+        // An emptied cache starts a new session: both groups go back to the first priorities.
+        if (op.kind == KvOpKind::remove && op.seq < 0 && op.pos_begin < 0 && op.pos_end < 0) g->dev->reset();
+      }
+    } catch (const std::exception& e) {
+      report_error(*g, run, std::string("KV-cache operation failed: ") + e.what());
+    }
+    return {};
+  };
+  caf::anon_send(g->cfg.stage.device, compute_atom::value, std::move(job));
+}
+
+}  // namespace
+
+caf::actor spawn_alspec_stage(caf::actor_system& sys, AlspecStageConfig cfg, std::shared_ptr<StageStats> stats) {
+  const int n_layer = cfg.stage.model->hparams().n_layer;
+  if (cfg.stage.context.layer_begin != 0 || cfg.stage.context.layer_end != n_layer)
+    throw std::invalid_argument("an ALSpec group's stage holds every layer of its model (this one: [" +
+                                std::to_string(cfg.stage.context.layer_begin) + ", " +
+                                std::to_string(cfg.stage.context.layer_end) + "))");
+  if (!cfg.stage.tap_layers.empty()) throw std::invalid_argument("an ALSpec group does not tap hidden states");
+  return sys.spawn([cfg = std::move(cfg), stats](caf::stateful_actor<PairState>* self) -> caf::behavior {
+    auto g = std::make_shared<Group>();
+    g->cfg = cfg;
+    g->stats = stats;
+    // Plain attention uses the speculative kernel's layout, so a rejected speculation leaves
+    // what plain decoding computes.
+    ContextParams cp = cfg.stage.context;
+    cp.attention_layout = cfg.settings.spec.layout;
+    g->ctx = std::make_shared<Context>(*cfg.stage.model, cp, &cfg.stage.device_state->pool());
+    g->dev = std::make_unique<AlspecDevice>(*g->ctx, cfg.self, cfg.settings.spec);
+    self->state.g = g;
+    return {
+        [self](const std::string& from, const Envelope& env) {
+          const std::shared_ptr<Group>& g = self->state.g;
+          const uint64_t run = env.run_id;
+          if (const auto* s = std::get_if<AttentionSync>(&env.payload)) {
+            g->inbox.put(run, *s);
+          } else if (const auto* r = std::get_if<RunStart>(&env.payload)) {
+            if (g->cfg.self == 0) {
+              RunStart fwd = *r;
+              fwd.pipeline = g->cfg.peer_pipeline;
+              g->cfg.stage.router->send(g->cfg.peer_node, make_envelope(run, std::move(fwd)));
+            }
+            schedule_run(g, run, *r);
+          } else if (const auto* k = std::get_if<KvCacheOp>(&env.payload)) {
+            if (g->cfg.self == 0) {
+              KvCacheOp fwd = *k;
+              fwd.pipeline = g->cfg.peer_pipeline;
+              g->cfg.stage.router->send(g->cfg.peer_node, make_envelope(run, std::move(fwd)));
+            }
+            schedule_kv_ops(g, run, *k);
+          } else if (const auto* c = std::get_if<Cancel>(&env.payload)) {
+            if (g->cfg.self == 0 && from != g->cfg.peer_node) g->cfg.stage.router->send(g->cfg.peer_node, env);
+            for (uint64_t id : c->run_ids) g->cancelled.add(id);
+          } else {
+            spdlog::warn("ALSpec group on {}: ignoring {} from {}", g->cfg.stage.self_node, to_string(env.type()), from);
+          }
+        },
+    };
+  });
+}
+
+}  // namespace specmesh

@@ -1,0 +1,90 @@
+// One device of an ALSpec pair, driven through a decode token op by op. The two devices may
+// sit in one process (alspec_pair) or in two actors that talk over the network (actors/
+// alspec_stage); both drive the same calls here, in this order per layer:
+//   pre(il)                      ops before attention, skipped while gated
+//   gather(other priority)       the all-gather; then sender() says who sends
+//   sender:   attend(il) -> hand-off (residual, K/V rows, speculative output), sent at once,
+//             settle(il, hit)    verdict: post-attention with the full output on a miss
+//   receiver: receive(il, hand-off)  sync the state and run post-attention speculatively
+// and after the last layer one more gather() names the holder, which calls output().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "specmesh/kernels/flash_decode.hpp"
+#include "specmesh/model/forward_pass.hpp"
+#include "specmesh/speculation/alspec_gating.hpp"
+
+namespace specmesh {
+
+// What one device did, counted per op over all decode tokens so far.
+struct AlspecWork {
+  int pre_run = 0, pre_skipped = 0;    // ops before attention (norm, QKV, RoPE, KV write)
+  int post_run = 0, post_skipped = 0;  // ops after attention (output projection, FFN)
+  int sent = 0;                        // attentions as sender (speculative + full + check)
+  int received = 0;                    // attentions as receiver (waits for the hand-off)
+  int heads = 0;                       // classifier runs
+  size_t sync_bytes = 0;               // residual, K/V rows and hand-offs received
+};
+
+// How a pair speculates: the kernel's layout and lambda, and whether every speculation is
+// rejected whatever its check says (the pair then decodes as plain attention; a baseline).
+struct AlspecSettings {
+  SpecConfig spec;
+  bool force_miss = false;
+};
+
+// What the sender gives the receiver at one attention: its residual stream (n_embd), the
+// token's K and V rows of that layer (kv_dim each) and the speculative output (q_dim).
+struct AlspecHandoff {
+  std::vector<float> residual, k, v, spec;
+  size_t bytes() const { return (residual.size() + k.size() + v.size() + spec.size()) * sizeof(float); }
+};
+
+class AlspecDevice {
+ public:
+  // Device `self` (0 or 1) of a pair; the gate keeps its priorities across tokens.
+  AlspecDevice(Context& ctx, int self, SpecConfig spec);
+
+  // Starts a decode token: a batch of one token (a new forward pass; the embedding is a row
+  // lookup, so both devices do it). Throws std::invalid_argument for a larger batch.
+  void begin(const Batch& batch);
+  void pre(int il);
+  // Takes the other device's priority (see AlspecGate::all_gather).
+  void gather(int other_priority) { gate_.all_gather(other_priority); }
+  bool is_sender() const { return gate_.role() == AlspecRole::Sender; }
+
+  // Sender: this layer's attention; returns the hand-off for the receiver.
+  AlspecHandoff attend(int il);
+  const SpecCheck& check() const { return check_; }
+  // Sender, after attend(): records the verdict and runs post-attention on a miss.
+  void settle(int il, bool hit);
+  // Receiver: replaces its residual and K/V rows with the sender's and goes on with the
+  // speculative output.
+  void receive(int il, const AlspecHandoff& h);
+  // The holder after the final gather: the logits of the token. Ends the pass.
+  std::vector<float> output();
+  // Drops the pass of an unfinished token.
+  void abort() { pass_.reset(); }
+  // Back to the initial priorities (a new session's empty caches).
+  void reset() { gate_ = AlspecGate(gate_.self()); }
+
+  const AlspecGate& gate() const { return gate_; }
+  const AlspecWork& work() const { return work_; }
+  Context& context() { return ctx_; }
+
+ private:
+  Context& ctx_;
+  SpecConfig spec_;
+  AlspecGate gate_;
+  AlspecWork work_;
+  std::unique_ptr<ForwardPass> pass_;
+  std::vector<float> full_;
+  SpecCheck check_;
+};
+
+}  // namespace specmesh

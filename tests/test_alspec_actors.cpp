@@ -1,0 +1,259 @@
+// ALSpec as actors: the two device groups of the `alspec` strategy, in one process and in two
+// node processes, against plain decoding with the same attention layout and against the
+// sequential two-device executor; parameters; a killed group.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "specmesh/model/generate.hpp"
+#include "specmesh/model/synthetic.hpp"
+#include "specmesh/runtime.hpp"
+#include "specmesh/speculation/alspec_pair.hpp"
+#include "specmesh/speculation/registry.hpp"
+#include "refdata.hpp"
+
+using namespace specmesh;
+using specmesh::test::refdata;
+
+namespace {
+
+constexpr int kWindow = 8;  // 2S = 16 keys: most steps speculate over a real middle
+constexpr int kPredict = 40;
+const std::string kPrompt = "Once upon a time";
+
+std::string tmpdir() {
+  static std::string dir = [] {
+    auto d = std::filesystem::temp_directory_path() / ("specmesh-alspec-actors-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(d);
+    return d.string();
+  }();
+  return dir;
+}
+
+// A synthetic GQA Qwen3 (query heads over fewer KV heads, q_dim != n_embd), written once.
+const std::string& qwen3_path() {
+  static const std::string path = [] {
+    const std::string p = tmpdir() + "/tiny-qwen3.gguf";
+    SyntheticSpec s = *synthetic_preset("tiny-qwen3");
+    s.n_ctx = 512;
+    write_synthetic_model(s, p);
+    return p;
+  }();
+  return path;
+}
+
+std::vector<std::string> all_models() {
+  std::vector<std::string> out;
+  for (const char* m : {"stories260K-draft-tiny", "stories260K-draft-small", "stories260K", "stories-target-1M"})
+    out.push_back(refdata(std::string("gguf-models/") + m + ".gguf"));
+  out.push_back(qwen3_path());
+  return out;
+}
+
+FlashLayout layout() { return {kWindow, kWindow, 32}; }
+
+// Plain greedy decoding on one context with the pair's attention layout.
+std::vector<int32_t> plain(const std::string& path) {
+  auto m = Model::load(path);
+  Context ctx(*m, {.attention_layout = layout()});
+  GenerateParams gp;
+  gp.n_predict = kPredict;
+  gp.sampling.temperature = 0;
+  gp.ignore_eos = true;
+  std::vector<int32_t> out;
+  generate(ctx, m->tokenizer().encode(kPrompt, true), gp, [&](int32_t t) {
+    out.push_back(t);
+    return true;
+  });
+  return out;
+}
+
+// Greedy decoding through the sequential executor (same hits as the actors should take).
+std::vector<int32_t> sequential_pair(const std::string& path, float lambda) {
+  auto m = Model::load(path);
+  AlspecPair pair(*m, {SpecConfig{layout(), lambda}, 0, 1});
+  const int V = m->hparams().n_vocab;
+  const auto prompt = m->tokenizer().encode(kPrompt, true);
+  std::vector<float> logits = pair.prefill(prompt);
+  std::vector<int32_t> out;
+  int32_t pos = int32_t(prompt.size());
+  while (true) {
+    out.push_back(Sampler::argmax(logits.data(), V));
+    if (int(out.size()) == kPredict) return out;
+    logits = pair.decode(out.back(), pos++).logits;
+  }
+}
+
+// Head node plus one node per group; "inproc" keeps them in this process, "ipc" spawns the
+// two groups as node processes.
+std::string topology(const std::string& model, const std::string& transport, const std::string& params) {
+  static std::atomic<int> n{0};
+  const int id = n++;
+  auto ep = [&](const std::string& node) {
+    if (transport == "inproc") return "inproc://alspec-" + std::to_string(::getpid()) + "-" + std::to_string(id) + "-" + node;
+    return "ipc://" + tmpdir() + "/" + std::to_string(id) + "-" + node + ".ipc";
+  };
+  const std::string path = tmpdir() + "/alspec-" + std::to_string(id) + ".toml";
+  std::ofstream f(path);
+  f << "[run]\nmodel = \"m\"\nstrategy = \"alspec\"\nn_predict = " << kPredict << "\n"
+    << "[run.params]\nwindow = " << kWindow << "\n" << params << "\n"
+    << "[run.roles]\nreceiver = \"m\"\n[models.m]\npath = \"" << model << "\"\n"
+    << "[nodes.head]\nendpoint = \"" << ep("head") << "\"\nhead = true\n"
+    << "[nodes.a]\nendpoint = \"" << ep("a") << "\"\n[nodes.b]\nendpoint = \"" << ep("b") << "\"\n"
+    << "[devices.ga]\nnode = \"a\"\n[devices.gb]\nnode = \"b\"\n"
+    << "[[stages]]\nrole = \"target\"\ndevice = \"ga\"\nfraction = 1.0\n"
+    << "[[stages]]\nrole = \"receiver\"\ndevice = \"gb\"\nfraction = 1.0\n";
+  return path;
+}
+
+RuntimeOptions opts(const std::string& transport) {
+  RuntimeOptions o;
+  o.spawn_nodes = transport != "inproc";
+  o.specmesh_binary = SPECMESH_CLI_PATH;
+  return o;
+}
+
+GenerationResult run(Runtime& rt) {
+  return rt.generate({.prompt = kPrompt, .n_predict = kPredict, .sampling = SamplingParams{}, .ignore_eos = true});
+}
+
+void expect_exact(const std::string& transport, const std::string& params) {
+  for (const std::string& model : all_models()) {
+    auto rt = Runtime::open(topology(model, transport, params), opts(transport));
+    // Twice: the second session starts from emptied caches and the first priorities.
+    for (int k = 0; k < 2; ++k) {
+      GenerationResult r = run(*rt);
+      ASSERT_TRUE(r.ok()) << r.error;
+      EXPECT_EQ(r.ids, plain(model)) << model << " (" << transport << ", " << params << "), session " << k;
+      EXPECT_EQ(r.metrics.attention_checks, int64_t(kPredict - 1) * Model::load(model)->hparams().n_layer);
+      EXPECT_EQ(r.metrics.token_hit_rates.size(), size_t(kPredict - 1));
+    }
+  }
+}
+
+}  // namespace
+
+TEST(AlspecActors, LambdaZeroAndForcedMissEqualPlainDecodingInProcess) {
+  SPECMESH_REQUIRE_REFDATA();
+  expect_exact("inproc", "lambda = 0.0");
+  expect_exact("inproc", "lambda = 10.0\nforce_miss = true");
+}
+
+TEST(AlspecActors, LambdaZeroAndForcedMissEqualPlainDecodingOverTwoProcesses) {
+  SPECMESH_REQUIRE_REFDATA();
+  expect_exact("ipc", "lambda = 0.0");
+  expect_exact("ipc", "lambda = 10.0\nforce_miss = true");
+}
+
+TEST(AlspecActors, AcceptedSpeculationsFollowTheSequentialPair) {
+  SPECMESH_REQUIRE_REFDATA();
+  for (const std::string& model : all_models()) {
+    auto rt = Runtime::open(topology(model, "inproc", "lambda = 10.0"), opts("inproc"));
+    GenerationResult r = run(*rt);
+    ASSERT_TRUE(r.ok()) << r.error;
+    EXPECT_EQ(r.ids, sequential_pair(model, 10.0f)) << model;
+    // Steps over fewer than 2S keys are exact and always accepted; more hits than those
+    // means real speculations were taken.
+    const int n_layer = Model::load(model)->hparams().n_layer;
+    const int64_t exact_steps = std::max<int64_t>(0, 2 * kWindow - 1 - int64_t(r.prompt_ids.size()));
+    EXPECT_GT(r.metrics.attention_hits, exact_steps * n_layer) << model;
+    ASSERT_FALSE(r.metrics.layer_hit_rates.empty());
+    for (double h : r.metrics.layer_hit_rates) EXPECT_TRUE(h >= 0 && h <= 1);
+  }
+}
+
+TEST(AlspecActors, ParametersAreChecked) {
+  const StrategyInfo& s = strategy("alspec");
+  EXPECT_EQ(s.roles, (std::vector<std::string>{"target", "receiver"}));
+  const StrategyParams d = s.resolve({});
+  EXPECT_FLOAT_EQ(d.real("lambda"), 0.1f);
+  EXPECT_EQ(d.integer("window"), 128);
+  const AlspecSettings a = s.pair_settings(d);
+  EXPECT_EQ(a.spec.layout.spec_len, 128u);
+  EXPECT_EQ(a.spec.layout.chunk, 128u) << "chunk 0 means the window";
+  EXPECT_EQ(s.pair_settings(s.resolve({{"window", 64}, {"chunk", 32}})).spec.layout.chunk, 32u);
+  auto error = [&](std::map<std::string, ParamValue> given) {
+    try {
+      s.resolve(given);
+      return std::string("no error");
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+  };
+  EXPECT_NE(error({{"lambda", -0.5}}).find("lambda"), std::string::npos);
+  EXPECT_NE(error({{"window", 0}}).find("window"), std::string::npos);
+  EXPECT_NE(error({{"chunk", -1}}).find("chunk"), std::string::npos);
+  EXPECT_THROW(s.check(s.resolve({{"window", 512}}), {256, {}}), ParamConflict);
+}
+
+TEST(AlspecActors, GroupsOnOneDeviceOrWithAnotherModelAreRejected) {
+  SPECMESH_REQUIRE_REFDATA();
+  auto error = [](const std::string& text) {
+    try {
+      Runtime rt(Topology::parse(text, "t.toml", "/"));
+      return std::string("no error");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+  };
+  const std::string head = "[run]\nmodel = \"m\"\nstrategy = \"alspec\"\n[models.m]\npath = \"" +
+                           refdata("gguf-models/stories260K.gguf") + "\"\n[nodes.head]\nendpoint = \"inproc://alspec-checks\"\n"
+                           "head = true\n[devices.cpu]\nnode = \"head\"\n";
+  EXPECT_NE(error(head).find("devices of their own"), std::string::npos) << error(head);
+  const std::string other = head + "[run.roles]\nreceiver = \"o\"\n[models.o]\npath = \"" +
+                            refdata("gguf-models/stories260K-draft-tiny.gguf") + "\"\n[devices.gpu]\nnode = \"head\"\n"
+                            "[[stages]]\nrole = \"receiver\"\ndevice = \"gpu\"\nfraction = 1.0\n";
+  EXPECT_NE(error(other).find("must run the target's model"), std::string::npos) << error(other);
+}
+
+// Kills the node process of one group (0: the target's, 1: the receiver's) mid-generation.
+void kill_group(int group) {
+  auto rt = Runtime::open(topology(refdata("gguf-models/stories-target-1M.gguf"), "ipc", "lambda = 0.1"), opts("ipc"));
+  std::vector<pid_t> kids;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream st(e.path() / "stat");
+    std::string line;
+    std::getline(st, line);
+    const auto rp = line.rfind(')');
+    if (rp == std::string::npos) continue;
+    std::istringstream rest(line.substr(rp + 2));
+    char state;
+    pid_t ppid;
+    rest >> state >> ppid;
+    if (ppid == ::getpid()) kids.push_back(std::stoi(name));
+  }
+  ASSERT_EQ(kids.size(), 2u);
+  std::sort(kids.begin(), kids.end());  // spawned in node order: a (target), then b
+  std::chrono::steady_clock::time_point killed_at;
+  int seen = 0;
+  auto r = rt->generate({.prompt = kPrompt, .n_predict = 400, .ignore_eos = true}, [&](int32_t, const std::string&) {
+    if (++seen == 5) {
+      killed_at = std::chrono::steady_clock::now();
+      ::kill(kids[group], SIGKILL);
+    }
+    return true;
+  });
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.error.find(group == 0 ? "node 'a'" : "node 'b'"), std::string::npos) << r.error;
+  EXPECT_NE(r.error.find("stopped answering"), std::string::npos) << r.error;
+  EXPECT_GE(r.ids.size(), 5u);
+  EXPECT_LT(r.ids.size(), 400u);
+  EXPECT_LT(waited, 2.0);
+}
+
+TEST(AlspecActors, KilledSenderOrReceiverGivesAClearError) {
+  SPECMESH_REQUIRE_REFDATA();
+  kill_group(0);
+  kill_group(1);
+}
