@@ -6,6 +6,8 @@
 //   bench_strategies [--refdata DIR] [--tokens 64] [--layer-ms 4] [--draft-layer-ms 0.25]
 //                    [--max-runs 8] [--n-draft 4] [--p-accept 0.4] [--csv results.csv]
 //                    [--tree 1,1,3,1]   (also runs every strategy that takes a tree with that shape)
+//                    [--n-parallel 3 --p-split 0.1]   (also runs every strategy that takes
+//                                                      n_parallel, with these branches per run)
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,16 +34,19 @@ struct Options {
   int max_runs = 8, n_draft = 4;
   double p_accept = 0.4;
   std::string csv, tree;
+  int n_parallel = 1;
+  double p_split = 0.8;
 };
 
 // One row of the table: a strategy, with a token-tree shape for those that take one.
 struct Variant {
   const StrategyInfo* info;
   std::string label, tree;
+  bool parallel = false;  // with the bench's n_parallel and p_split
 };
 
 std::string write_topology(const Options& o, const std::string& target, const std::string& draft,
-                           const StrategyInfo& strategy, const std::string& tree) {
+                           const StrategyInfo& strategy, const Variant& variant) {
   static int n = 0;
   const std::string dir = std::filesystem::temp_directory_path() / ("specmesh-bench-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
@@ -56,7 +61,8 @@ std::string write_topology(const Options& o, const std::string& target, const st
       {"n_draft", o.n_draft}, {"p_accept", o.p_accept}, {"max_runs", o.max_runs}, {"max_micro_batch", 4}};
   for (const auto& [k, v] : settings)
     if (strategy.param(k)) f << k << " = " << v << "\n";
-  if (!tree.empty()) f << "tree = \"" << tree << "\"\n";
+  if (!variant.tree.empty()) f << "tree = \"" << variant.tree << "\"\n";
+  if (variant.parallel) f << "n_parallel = " << o.n_parallel << "\np_split = " << o.p_split << "\n";
   f << "[models.target]\npath = \"" << o.refdata << "/gguf-models/" << target << ".gguf\"\n";
   f << "[models.draft]\npath = \"" << o.refdata << "/gguf-models/" << draft << ".gguf\"\n";
   const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(n);
@@ -87,6 +93,8 @@ int main(int argc, char** argv) {
     else if (a == "--n-draft") o.n_draft = std::stoi(v);
     else if (a == "--p-accept") o.p_accept = std::stod(v);
     else if (a == "--tree") o.tree = v;
+    else if (a == "--n-parallel") o.n_parallel = std::stoi(v);
+    else if (a == "--p-split") o.p_split = std::stod(v);
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
@@ -107,8 +115,8 @@ int main(int argc, char** argv) {
   const std::vector<std::string> prompts = {"Once upon a time", "Lily and Tom", "Tom had a big red ball"};
   std::printf("# emulated cluster: 3 slow target nodes (%.2f ms/layer), draft on a fast node (%.2f ms/layer), gigabit link, %d tokens x %zu prompts\n",
               o.layer_ms, o.draft_layer_ms, o.tokens, prompts.size());
-  std::printf("%-20s %-24s %-10s %10s %10s %8s %8s %10s %10s\n", "target", "draft", "strategy", "tok/s", "ttft ms", "accept",
-              "tok/ver", "cancelled", "lossless");
+  std::printf("%-20s %-24s %-12s %10s %10s %8s %8s %8s %10s %10s\n", "target", "draft", "strategy", "tok/s", "ttft ms", "accept",
+              "tok/ver", "nodes/ver", "cancelled", "lossless");
   // Plain decoding (the registry's default for a lone target) is the reference the others
   // must reproduce; then every strategy that needs no role beyond target and draft.
   const StrategyInfo& plain = default_strategy({kTargetRole});
@@ -117,6 +125,8 @@ int main(int argc, char** argv) {
     const bool fits = std::all_of(s.roles.begin(), s.roles.end(), [](const std::string& r) { return r == kTargetRole || r == "draft"; });
     if (fits && &s != &plain) runs.push_back({&s, s.name, ""});
     if (fits && !o.tree.empty() && s.param("tree")) runs.push_back({&s, s.name + "-tree", o.tree});
+    if (fits && o.n_parallel > 1 && s.param("n_parallel"))
+      runs.push_back({&s, s.name + "-np" + std::to_string(o.n_parallel), "", true});
   }
   for (const auto& [target, draft] : pairs) {
     std::map<std::string, double> tps, ttft;
@@ -129,7 +139,7 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < prompts.size(); ++i) {
         // Each request meets an idle cluster, as a user's would; fresh endpoint names, since
         // the previous runtime's inproc sockets may not be released yet.
-        auto rt = Runtime::open(write_topology(o, target, draft, *info, variant.tree));
+        auto rt = Runtime::open(write_topology(o, target, draft, *info, variant));
         auto r = rt->generate({.prompt = prompts[i], .n_predict = o.tokens, .ignore_eos = true});
         if (!r.ok()) {
           std::fprintf(stderr, "%s: %s\n", strategy.c_str(), r.error.c_str());
@@ -147,9 +157,10 @@ int main(int argc, char** argv) {
       }
       tps[strategy] = tokens / seconds;
       ttft[strategy] = first / prompts.size();
-      std::printf("%-20s %-24s %-10s %10.2f %10.2f %8.2f %8.2f %10.0f %10s\n", target.c_str(), draft.c_str(),
+      std::printf("%-20s %-24s %-12s %10.2f %10.2f %8.2f %8.2f %8.2f %10.0f %10s\n", target.c_str(), draft.c_str(),
                   strategy.c_str(), tps[strategy], ttft[strategy], drafted > 0 ? accepted / drafted : 0.0,
-                  verifs > 0 ? (accepted + verifs) / verifs : 0.0, cancelled, lossless ? "yes" : "NO");
+                  verifs > 0 ? (accepted + verifs) / verifs : 0.0, verifs > 0 ? drafted / verifs : 0.0, cancelled,
+                  lossless ? "yes" : "NO");
       std::fflush(stdout);
     }
     // Every ratio measured in this run: each strategy against the reference and against the

@@ -126,6 +126,13 @@ TEST(Lossless, PipeInferSingleProcessWithAndWithoutCancellation) {
   expect_lossless("pipeinfer", "inproc", 3, "cancel = 0\np_accept = 0.2");
 }
 
+TEST(Lossless, PipeInferTreesInProcessAndOverThreeProcesses) {
+  SPECMESH_REQUIRE_REFDATA();
+  expect_lossless("pipeinfer", "inproc", 3, "n_parallel = 3\np_split = 0.05");
+  expect_lossless("pipeinfer", "inproc", 2, "n_parallel = 2\np_split = 0.1\ncancel = 0\np_accept = 0.2");
+  expect_lossless("pipeinfer", "ipc", 3, "n_parallel = 3\np_split = 0.05");
+}
+
 TEST(Lossless, SpecAndPipeInferOverThreeProcesses) {
   SPECMESH_REQUIRE_REFDATA();
   expect_lossless("spec", "ipc", 3, "n_draft = 4");

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <random>
 
 #include "fake_host.hpp"
@@ -74,12 +75,17 @@ Carrier newest_token_carrier(const FakeHost& h) {
   for (const LaunchRecord* r : h.launches(kTargetRole)) {
     if (!r->in_flight()) continue;
     const Batch& b = r->batch;
-    bool carries = false, agrees = true;
-    for (size_t i = 0; i < b.size(); ++i) {
-      if (b.pos[i] <= last) agrees = agrees && b.tokens[i] == A[size_t(b.pos[i])];
-      carries = carries || (b.pos[i] == last && b.logits[i]);
+    // A row carries the token when it sits at its position and its path (its ancestors in a
+    // tree, the rows before it in a chain) agrees with the accepted tokens.
+    bool carries = false;
+    for (size_t i = 0; i < b.size() && !carries; ++i) {
+      if (b.pos[i] != last || !b.logits[i]) continue;
+      bool agrees = true;
+      for (int64_t j = int64_t(i); j >= 0; j = b.is_tree() ? b.parent[size_t(j)] : j - 1)
+        agrees = agrees && b.tokens[size_t(j)] == A[size_t(b.pos[size_t(j)])];
+      carries = agrees;
     }
-    if (!carries || !agrees) continue;
+    if (!carries) continue;
     if (!r->speculative) return Carrier::non_speculative;
     found = Carrier::speculative;
   }
@@ -242,10 +248,108 @@ TEST(StrategyPipeInfer, PipeInferLaunchesMicroBatchesOfMaxMicroBatchTokens) {
   }
 }
 
+// A draft whose top token is `top(seen)` with probability p_top and whose runner-up is the
+// target's token (or the one after the top when they agree) with probability p_second.
+Oracle two_peaks(NextToken top, float p_top, float p_second, std::vector<int32_t> at = {}) {
+  return [=](const std::vector<int32_t>& seen) {
+    const int32_t t = top(seen), want = kTarget(seen);
+    const int32_t second = want != t ? want : (t + 1) % kVocab;
+    const bool here = at.empty() || std::find(at.begin(), at.end(), int32_t(seen.size())) != at.end();
+    const double p2 = here ? p_second : 0.0, rest = (1.0 - p_top - p2) / (kVocab - (here ? 2 : 1));
+    std::vector<float> l(size_t(kVocab), float(std::log(rest)));
+    l[size_t(t)] = float(std::log(p_top));
+    if (here) l[size_t(second)] = float(std::log(p2));
+    return l;
+  };
+}
+
+const std::map<std::string, ParamValue> kTreeParams = {
+    {"max_micro_batch", 4}, {"max_runs", 4}, {"p_accept", 0.5}, {"p_recovery", 0}, {"n_parallel", 2}, {"p_split", 0.3}};
+
+TEST(StrategyPipeInfer, PipeInferSplitsWhenTheRunnerUpClearsPSplit) {
+  // The runner-up reaches 0.4 only for the second token after the prompt.
+  for (float p_split : {0.3f, 0.45f}) {
+    SCOPED_TRACE("p_split " + std::to_string(p_split));
+    FakeHost h = make_host(two_peaks(kTarget, 0.55f, 0.4f, {L + 1}), 16);
+    auto params = kTreeParams;
+    params["p_split"] = p_split;
+    h.start("pipeinfer", params);
+    draft_all(h);
+    const auto spec = speculative_runs(h);
+    ASSERT_FALSE(spec.empty());
+    const Batch& b = spec[0]->batch;
+    const auto greedy = greedy_continuation(kPrompt, kTarget, 16);
+    if (p_split > 0.4f) {
+      // No split: the chain goes on to four tokens.
+      EXPECT_FALSE(b.is_tree());
+      EXPECT_EQ(b.size(), 4u);
+      continue;
+    }
+    // The chain (three tokens) and the alternative at depth 1 fill the four slots, in DFS order.
+    ASSERT_TRUE(b.is_tree());
+    EXPECT_EQ(b.tokens, (std::vector<int32_t>{greedy[0], greedy[1], greedy[2], (greedy[1] + 1) % kVocab}));
+    EXPECT_EQ(b.parent, (std::vector<int32_t>{-1, 0, 1, 0}));
+    EXPECT_EQ(b.pos, (std::vector<int32_t>{L, L + 1, L + 2, L + 1}));
+    // The chain's first token is on both branches; the rest on one each, never the canonical one.
+    const SeqSet chain = b.seqs[1], alt = b.seqs[3];
+    EXPECT_EQ(std::popcount(chain), 1);
+    EXPECT_EQ(std::popcount(alt), 1);
+    EXPECT_NE(chain, alt);
+    EXPECT_EQ(b.seqs[0], chain | alt);
+    EXPECT_EQ(b.seqs[2], chain);
+    EXPECT_EQ((chain | alt) & seq_bit(0), 0u);
+    h.run_to_end(FakeHost::oldest_first());
+    EXPECT_EQ(h.generated(), greedy);
+    EXPECT_TRUE(h.errors().empty()) << h.errors().front();
+  }
+}
+
+TEST(StrategyPipeInfer, PipeInferAcceptsAlongTheAlternativeAndCancelsRunsOnTheLosingBranch) {
+  // The draft's top token is wrong at the second position, its runner-up right: the first run's
+  // alternative wins, and every later run, built on the chain, is invalid.
+  FakeHost h = make_host(two_peaks(disagree_at(kTarget, {L + 1}, kVocab), 0.55f, 0.4f, {L + 1}), 16);
+  auto params = kTreeParams;
+  params["max_micro_batch"] = 3;
+  h.start("pipeinfer", params);
+  draft_all(h);
+  const auto spec = speculative_runs(h);
+  ASSERT_EQ(spec.size(), 3u);
+  const auto greedy = greedy_continuation(kPrompt, kTarget, 16);
+  const Batch& first = spec[0]->batch;
+  ASSERT_TRUE(first.is_tree());
+  EXPECT_EQ(first.tokens, (std::vector<int32_t>{greedy[0], (greedy[1] + 1) % kVocab, greedy[1]}));
+  EXPECT_EQ(first.parent, (std::vector<int32_t>{-1, 0, 0}));
+  const int alt_seq = std::countr_zero(first.seqs[2]);
+  // The later runs continue the chain, past the wrong token.
+  EXPECT_EQ(spec[1]->batch.pos[0], L + 2);
+  EXPECT_FALSE(spec[1]->batch.is_tree());
+
+  h.settle_next(kTargetRole);  // the prompt: accepts greedy[0]
+  EXPECT_TRUE(h.events(EventKind::cancel).empty());
+  const size_t before = h.events().size();
+  h.settle_next(kTargetRole);  // the tree: greedy[1] by the chain's first row, greedy[2] by the alternative's
+  EXPECT_EQ(h.generated(), (std::vector<int32_t>{greedy[0], greedy[1], greedy[2]}));
+  const auto cancels = h.events(EventKind::cancel, kTargetRole);
+  ASSERT_EQ(cancels.size(), 1u);
+  EXPECT_EQ(cancels[0].runs, (std::vector<uint64_t>{spec[1]->run, spec[2]->run}));
+  // The alternative's branch becomes canonical by a range copy.
+  bool copied = false;
+  for (size_t i = before; i < h.events().size(); ++i)
+    for (const KvOp& op : h.events()[i].ops)
+      copied = copied || op == KvOp{KvOpKind::copy, alt_seq, 0, L, L + 2};
+  EXPECT_TRUE(copied);
+
+  h.run_to_end(FakeHost::oldest_first());
+  EXPECT_EQ(h.generated(), greedy);
+  EXPECT_TRUE(spec[1]->dropped && spec[2]->dropped);
+  EXPECT_TRUE(h.errors().empty()) << h.errors().front();
+}
+
 TEST(StrategyPipeInfer, PipeInferMatchesGreedyAndKeepsItsInvariantsInAnyDeliveryOrder) {
   const int n = 40;
   const auto greedy = greedy_continuation(kPrompt, kTarget, n);
   std::mt19937 rng(11);
+  int trees = 0;
   for (int trial = 0; trial < 160; ++trial) {
     std::vector<int32_t> wrong;
     for (int32_t p = L; p < L + n + 8; ++p)
@@ -253,17 +357,24 @@ TEST(StrategyPipeInfer, PipeInferMatchesGreedyAndKeepsItsInvariantsInAnyDelivery
     const bool cancel = trial % 2 == 0, too_late = trial % 4 == 1 || trial % 4 == 2;
     const int mb = 1 + int(rng() % 4), max_runs = 1 + int(rng() % 8);
     const float conf = 0.35f + 0.1f * float(rng() % 7);
+    // A third of the trials speculate with chains, the rest with trees of 2-3 branches whose
+    // runner-up (the target's token where the top one is wrong) often clears p_split.
+    const int n_parallel = 1 + trial % 3;
+    const float p_split = 0.05f * float(rng() % 4);
     SCOPED_TRACE("trial " + std::to_string(trial) + ": cancel " + std::to_string(cancel) + ", too late " +
                  std::to_string(too_late) + ", max_micro_batch " + std::to_string(mb) + ", max_runs " +
-                 std::to_string(max_runs));
-    FakeHost h = make_host(greedy_oracle(kVocab, disagree_at(kTarget, wrong, kVocab), conf), n, too_late);
+                 std::to_string(max_runs) + ", n_parallel " + std::to_string(n_parallel));
+    const NextToken top = disagree_at(kTarget, wrong, kVocab);
+    FakeHost h = make_host(n_parallel == 1 ? greedy_oracle(kVocab, top, conf) : two_peaks(top, conf, 0.8f * (1 - conf)), n,
+                           too_late);
     // From a draft as fast as the target (it never finishes a micro-batch before the chain
     // moves) to one that always answers first.
     const FakeHost::Pick pick = trial % 5 == 0   ? FakeHost::oldest_first()
                                 : trial % 5 == 1 ? FakeHost::prefer(kDraft)
                                 : trial % 5 == 2 ? FakeHost::shuffled(rng())
                                                  : FakeHost::favour(kDraft, trial % 5 == 3 ? 0.8 : 0.95, rng());
-    h.start("pipeinfer", {{"max_micro_batch", mb}, {"max_runs", max_runs}, {"cancel", cancel}});
+    h.start("pipeinfer", {{"max_micro_batch", mb}, {"max_runs", max_runs}, {"cancel", cancel}, {"n_parallel", n_parallel},
+                          {"p_split", p_split}});
     bool ok = true;
     h.run_to_end(pick, [&] {
       if (!ok || h.done()) return;
@@ -273,12 +384,15 @@ TEST(StrategyPipeInfer, PipeInferMatchesGreedyAndKeepsItsInvariantsInAnyDelivery
       if (!cancel) return;
       for (const LaunchRecord* r : h.launches(kTargetRole))
         if (r->in_flight() && r->speculative)
-          EXPECT_GE(r->batch.pos.back() + 1, int32_t(h.tokens().size())) << "superfluous run " << r->run;
+          EXPECT_GE(*std::max_element(r->batch.pos.begin(), r->batch.pos.end()) + 1, int32_t(h.tokens().size()))
+              << "superfluous run " << r->run;
     });
     ASSERT_EQ(h.generated(), greedy);
     ASSERT_TRUE(h.errors().empty()) << h.errors().front();
     if (!cancel) ASSERT_TRUE(cancels_while_generating(h).empty());
+    for (const LaunchRecord* r : h.launches(kTargetRole)) trees += r->batch.is_tree();
   }
+  EXPECT_GT(trees, 100) << "the trials must exercise tree runs";
 }
 
 }  // namespace
