@@ -17,7 +17,11 @@
 //
 // `--cpu`: real compute only, no profiles. Two single-thread devices run alspec against one
 // single-thread device running plain decoding, on a synthetic model at a context where
-// attention is a large share of the layer time.
+// attention is a large share of the layer time. Two controls: the pair with every speculation
+// rejected (what the per-layer sync costs) and the pair's ops in sequence on one thread (what
+// its kernels cost without overlap; the pair uses the speculative flash-decode kernel, plain
+// decoding does not). The sender sends its hand-off after the fused kernel has produced both
+// outputs, so on a CPU the receiver's work does not overlap the sender's attention.
 //
 // Usage: bench_alspec [--tokens N] [--dilate F] [--csv FILE]
 //        bench_alspec --cpu [--context K] [--tokens N] [--lambda L]

@@ -122,13 +122,14 @@ void step(Group& g, uint64_t run, const Batch& batch) {
   const AlspecSettings& st = g.cfg.settings;
   const int n_layer = g.ctx->model().hparams().n_layer;
   const int32_t pos = batch.pos[0];
+  using Clock = std::chrono::steady_clock;
   Device& hw = *sc.device_state;
   const bool per_op = hw.profile() && hw.profile()->times;
   // Without per-op timing the whole pass is priced as a plain forward pass on each group.
-  const auto t_step = std::chrono::steady_clock::now();
+  const auto t_step = Clock::now();
   const double whole = per_op ? 0.0 : hw.modelled_seconds(g.ctx->cost(batch));
   // Waits, after an op's real compute since t0, until its modelled time has passed.
-  auto pace = [&](std::chrono::steady_clock::time_point t0, LayerPart part, AttnMode mode, bool head = false) {
+  auto pace = [&](Clock::time_point t0, LayerPart part, AttnMode mode, bool head = false) {
     if (!per_op) return;
     WorkCost c;
     c.tokens = 1;
@@ -139,7 +140,6 @@ void step(Group& g, uint64_t run, const Batch& batch) {
     c.head = head;
     hw.pace(t0, hw.modelled_seconds(c));
   };
-  using Clock = std::chrono::steady_clock;
   auto give_up = [&] { return g.stopping || g.cancelled.contains(run); };
   auto send = [&](SyncKind kind, int layer, std::vector<Tensor> tensors) {
     AttentionSync s{g.cfg.peer_pipeline, kind, layer, pos, dev.gate().priority(), std::move(tensors), 0};
