@@ -11,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <cmath>
 #include <sstream>
 
 #include "specmesh/model/generate.hpp"
@@ -18,6 +19,7 @@
 #include "specmesh/runtime.hpp"
 #include "specmesh/speculation/alspec_pair.hpp"
 #include "specmesh/speculation/registry.hpp"
+#include "specmesh/topology.hpp"
 #include "refdata.hpp"
 
 using namespace specmesh;
@@ -256,4 +258,61 @@ TEST(AlspecActors, KilledSenderOrReceiverGivesAClearError) {
   SPECMESH_REQUIRE_REFDATA();
   kill_group(0);
   kill_group(1);
+}
+
+// Paced pair stages: every op waits out its modelled time, and a hit layer overlaps the
+// receiver's rest of the layer with the sender's attention through the two devices' real
+// concurrency, so a token costs n x max(attention, rest) with every layer a hit and
+// n x (attention + rest) with none (the same as plain decoding on one such device).
+static double paced_token_ms(const std::string& params, bool pair) {
+  const std::string model = refdata("gguf-models/stories260K.gguf");
+  std::string text = topology(model, "inproc", params);
+  Topology t = Topology::load(text);
+  if (!pair) {
+    t.run.strategy = "ar";
+    t.run.roles.clear();
+    t.run.params.clear();
+    t.stages.pop_back();
+    t.devices.erase("gb");
+  }
+  DeviceProfile p;
+  p.name = "paced";
+  LayerTimes lt;
+  lt.non_attention.points = {{0, 0.004}};
+  lt.flash.points = {{0, 0.006}};
+  lt.spec_sender = lt.flash;
+  lt.spec_receiver.points = {{0, 0.0}};
+  lt.fixed.points = {{0, 0.002}};
+  p.times = lt;
+  for (auto& [name, d] : t.devices) d.profile = p;
+  Runtime rt(std::move(t));
+  GenerationResult r = rt.generate({.prompt = kPrompt, .n_predict = 7, .sampling = SamplingParams{}, .ignore_eos = true});
+  EXPECT_TRUE(r.ok()) << r.error;
+  return 1e3 / r.stats.decode_tokens_per_s;
+}
+
+TEST(AlspecActors, PacedStagesOverlapHitLayers) {
+  SPECMESH_REQUIRE_REFDATA();
+  const int n = Model::load(refdata("gguf-models/stories260K.gguf"))->hparams().n_layer;
+  const double hit = paced_token_ms("emulate_hit_rate = 1.0", true);
+  const double miss = paced_token_ms("force_miss = true", true);
+  const double plain = paced_token_ms("", false);
+  EXPECT_NEAR(hit, 2 + n * 6.0, 0.1 * n * 6.0);
+  EXPECT_NEAR(miss, 2 + n * 10.0, 0.1 * n * 10.0);
+  EXPECT_NEAR(plain, 2 + n * 10.0, 0.1 * n * 10.0);
+}
+
+TEST(AlspecActors, EmulatedHitPatternGivesRoundedCount) {
+  for (int n : {1, 5, 32}) {
+    for (double r : {0.0, 0.5, 0.625, 0.65, 0.75, 0.875, 1.0}) {
+      int hits = 0;
+      for (int l = 0; l < n; ++l) hits += emulated_hit(l, n, r);
+      EXPECT_EQ(hits, int(std::lround(r * n))) << n << " layers at " << r;
+      EXPECT_EQ(emulated_hits(n, r), hits);
+    }
+  }
+  EXPECT_EQ(emulated_hits(32, 0.65), 21) << "20.8 rounds to 21";
+  EXPECT_THROW(emulated_hits(32, 1.5), std::invalid_argument);
+  // Hits are spread: 4 of 8 alternate.
+  for (int l = 0; l < 8; ++l) EXPECT_EQ(emulated_hit(l, 8, 0.5), l % 2 == 1);
 }

@@ -119,8 +119,27 @@ double saved_ms(const Group& g, int64_t context) {
 void step(Group& g, uint64_t run, const Batch& batch) {
   AlspecDevice& dev = *g.dev;
   const StageConfig& sc = g.cfg.stage;
+  const AlspecSettings& st = g.cfg.settings;
   const int n_layer = g.ctx->model().hparams().n_layer;
   const int32_t pos = batch.pos[0];
+  using Clock = std::chrono::steady_clock;
+  Device& hw = *sc.device_state;
+  const bool per_op = hw.profile() && hw.profile()->times;
+  // Without per-op timing the whole pass is priced as a plain forward pass on each group.
+  const auto t_step = Clock::now();
+  const double whole = per_op ? 0.0 : hw.modelled_seconds(g.ctx->cost(batch));
+  // Waits, after an op's real compute since t0, until its modelled time has passed.
+  auto pace = [&](Clock::time_point t0, LayerPart part, AttnMode mode, bool head = false) {
+    if (!per_op) return;
+    WorkCost c;
+    c.tokens = 1;
+    c.layers = head ? 0 : 1;
+    c.context = int64_t(pos) + 1;
+    c.part = part;
+    c.attn = mode;
+    c.head = head;
+    hw.pace(t0, hw.modelled_seconds(c));
+  };
   auto give_up = [&] { return g.stopping || g.cancelled.contains(run); };
   auto send = [&](SyncKind kind, int layer, std::vector<Tensor> tensors) {
     AttentionSync s{g.cfg.peer_pipeline, kind, layer, pos, dev.gate().priority(), std::move(tensors), 0};
@@ -145,22 +164,32 @@ void step(Group& g, uint64_t run, const Batch& batch) {
     received_at = -1;
     if (il == n_layer) break;
     if (dev.is_sender()) {
+      const auto t0 = Clock::now();
       AlspecHandoff h = dev.attend(il);
-      // The hand-off leaves before this group's own post-attention: that is the overlap.
+      // The hand-off leaves before this group's own post-attention: that is the overlap. On
+      // modelled hardware the speculated output is ready at SFD_R, the full one at SFD_S.
+      pace(t0, LayerPart::attention, AttnMode::spec_receiver);
       send(SyncKind::handoff, il,
            {f32_vector(std::move(h.residual)), f32_vector(std::move(h.k)), f32_vector(std::move(h.v)),
             f32_vector(std::move(h.spec))});
-      const bool hit = !g.cfg.settings.force_miss && dev.check().accept;
+      pace(t0, LayerPart::attention, AttnMode::spec_sender);
+      const bool hit = !st.force_miss &&
+                       (st.emulate_hit_rate > 0 ? emulated_hit(il, n_layer, st.emulate_hit_rate) : dev.check().accept);
+      const auto t1 = Clock::now();
       dev.settle(il, hit);
+      if (!hit) pace(t1, LayerPart::rest, AttnMode::flash);  // a hit skips the post-attention ops
       hits[il] = hit;
     } else {
       const AttentionSync m = g.inbox.take(run, SyncKind::handoff, il, g.cfg.peer_timeout, give_up);
+      const auto t0 = Clock::now();
       dev.receive(il, {floats(m.tensors[0]), floats(m.tensors[1]), floats(m.tensors[2]), floats(m.tensors[3])});
+      pace(t0, LayerPart::rest, AttnMode::flash);
       received_at = il;
     }
   }
   if (!dev.is_sender()) {
     dev.abort();
+    hw.pace(t_step, whole);
     return;
   }
   int n_hits = 0;
@@ -169,7 +198,11 @@ void step(Group& g, uint64_t run, const Batch& batch) {
                        {Tensor::from(WireDType::u8, {int64_t(n_layer)}, std::move(hits))},
                        n_hits * saved_ms(g, int64_t(pos) + 1)};
   sc.router->send(sc.head_node, make_envelope(run, std::move(report)));
-  send_logits(g, run, {0}, dev.output());
+  const auto t0 = Clock::now();
+  std::vector<float> logits = dev.output();
+  pace(t0, LayerPart::whole, AttnMode::flash, true);
+  hw.pace(t_step, whole);
+  send_logits(g, run, {0}, std::move(logits));
   g.stats->layers_computed += n_layer;
 }
 
@@ -185,8 +218,13 @@ void schedule_run(const std::shared_ptr<Group>& g, uint64_t run, RunStart meta) 
       if (batch.size() == 1 && !batch.is_tree() && batch.logits[0]) {
         step(*g, run, batch);
       } else {
-        // A prompt chunk: both groups compute it in full; the current sender answers.
+        // A prompt chunk: both groups compute it in full; the current sender answers once the
+        // modelled pass is over.
+        const auto t0 = std::chrono::steady_clock::now();
+        Device& hw = *g->cfg.stage.device_state;
+        const double modelled = hw.modelled_seconds(g->ctx->cost(batch));
         ForwardOutput out = g->ctx->forward(batch);
+        hw.pace(t0, modelled);
         g->stats->layers_computed += g->ctx->model().hparams().n_layer;
         if (g->dev->is_sender()) send_logits(*g, run, out.rows, std::move(out.logits));
       }

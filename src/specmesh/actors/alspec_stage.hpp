@@ -8,8 +8,11 @@
 // per layer the groups exchange priorities (attention_sync/priority), the sender sends its
 // state and the speculative attention output (attention_sync/handoff); after the last layer
 // the group holding the right state sends a report and then the logits to the head.
-// A device's timing profile does not stretch these jobs; it only prices, in the report, the
-// time the accepted speculations save.
+// With a measured timing profile (DeviceProfile::times) each op waits out its modelled time
+// after its real compute: the rest of a layer (post-attention and the next pre-attention), the
+// attention as sender (the hand-off leaves at the receiver's modelled SFD_R, the verdict at
+// SFD_S) and the LM head; a hit layer's overlap then comes from the two groups running at
+// once. Other profiles price a decode step as a whole forward pass on each group.
 #pragma once
 
 #include <chrono>

@@ -60,6 +60,8 @@ WorkCost Context::cost(const Batch& batch) const {
   c.layers = end_ - begin_;
   const double n = double(batch.size());
   const double ctx = double(kv_.used()) + n;  // keys each query reads, at most
+  c.context = int64_t(ctx);
+  c.head = has_head();
   for (int il = begin_; il < end_; ++il) {
     const LayerWeights& w = model_.layers[il];
     for (const WeightView* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {

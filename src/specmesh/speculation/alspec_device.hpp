@@ -36,6 +36,10 @@ struct AlspecWork {
 struct AlspecSettings {
   SpecConfig spec;
   bool force_miss = false;
+  // Not 0: the verdicts follow emulated_hit() at this rate instead of the check, to reproduce a
+  // hit rate's timing on a small model. The receiver then goes on with speculations the check
+  // may have rejected, so the output is no longer plain decoding's.
+  double emulate_hit_rate = 0;
 };
 
 // What the sender gives the receiver at one attention: its residual stream (n_embd), the

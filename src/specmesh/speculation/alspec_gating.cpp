@@ -1,5 +1,7 @@
 #include "specmesh/speculation/alspec_gating.hpp"
 
+#include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -25,6 +27,17 @@ void AlspecGate::sent(bool hit) {
 void AlspecGate::received() {
   if (role() != AlspecRole::Receiver) throw std::logic_error("ALSpec: the sender does not receive");
   p_[self_] = kReceiver;
+}
+
+int emulated_hits(int n_layer, double rate) {
+  if (!(rate >= 0 && rate <= 1)) throw std::invalid_argument("emulated hit rate must be in [0, 1], got " + std::to_string(rate));
+  if (n_layer < 1) throw std::invalid_argument("emulated hits need at least one layer");
+  return int(std::lround(rate * n_layer));
+}
+
+bool emulated_hit(int layer, int n_layer, double rate) {
+  const int64_t h = emulated_hits(n_layer, rate);
+  return (int64_t(layer) + 1) * h / n_layer > int64_t(layer) * h / n_layer;
 }
 
 }  // namespace specmesh

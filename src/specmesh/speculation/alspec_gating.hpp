@@ -56,4 +56,12 @@ class AlspecGate {
   std::array<int, 2> p_{kMiss, kHit};
 };
 
+// Timing emulation: a fixed verdict pattern instead of the check, so a small model can stand in
+// for a measured hit rate. A token gets exactly round(rate x n_layer) hits (halves round up),
+// spread evenly: layer l hits when floor((l + 1) H / n) > floor(l H / n) for H hits of n, so
+// the hits fall on the last layer of each run of about n / H layers. Throws
+// std::invalid_argument for a rate outside [0, 1] or n_layer < 1.
+int emulated_hits(int n_layer, double rate);
+bool emulated_hit(int layer, int n_layer, double rate);
+
 }  // namespace specmesh

@@ -68,6 +68,10 @@ StrategyInfo strategy_info_alspec() {
       {"chunk", ParamType::Int, 0, 1 << 20, 0, "length of a middle chunk of the attention (0: the window)", {"--chunk"}},
       {"force_miss", ParamType::Bool, 0, 1, 0, "reject every speculation (plain attention on the pair; a baseline)",
        {"--force-miss"}},
+      {"emulate_hit_rate", ParamType::Float, 0, 1, 0,
+       "timing emulation: verdicts follow a fixed pattern with round(rate x layers) hits per token instead of "
+       "lambda (outputs are then not plain decoding's); 0: off",
+       {"--emulate-hit-rate"}},
   };
   s.pair_role = kReceiverRole;
   s.pair_settings = [](const StrategyParams& p) {
@@ -76,6 +80,7 @@ StrategyInfo strategy_info_alspec() {
     a.spec.layout.chunk = size_t(p.integer("chunk") > 0 ? p.integer("chunk") : p.integer("window"));
     a.spec.lambda = p.real("lambda");
     a.force_miss = p.flag("force_miss");
+    a.emulate_hit_rate = p.real("emulate_hit_rate");
     return a;
   };
   s.check = [](const StrategyParams& p, const SetupFacts& f) {
