@@ -326,6 +326,32 @@ TEST_F(FlashDecodeTest, ThreadCountDoesNotChangeABit) {
   }
 }
 
+// The speculative output can leave before the middle of the full attention is computed: the
+// callback sees it complete (and the full output not yet written), and the results are the
+// same bits as without a callback, with and without threads.
+TEST_F(FlashDecodeTest, SpeculativeOutputIsReadyBeforeTheMiddle) {
+  ThreadPool two(2);
+  const Problem p = make_problem({8, 2, 64}, 4097, 7);
+  const SpecConfig cfg = config(128, 128);
+  const SpecRun plain = run_spec(p, cfg);
+  for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two}) {
+    SpecRun r;
+    r.full.assign(plain.full.size(), -1.0f);
+    r.spec.resize(plain.spec.size());
+    int calls = 0;
+    r.check = speculative_flash_decode(p.q.data(), p.hs, p.scale, p.kv(), p.cells.data(), p.n, r.full.data(),
+                                       r.spec.data(), cfg, pool, [&] {
+                                         ++calls;
+                                         EXPECT_TRUE(same_bits(r.spec, plain.spec));
+                                         EXPECT_TRUE(std::all_of(r.full.begin(), r.full.end(), [](float v) { return v == -1.0f; }));
+                                       });
+    EXPECT_EQ(calls, 1);
+    EXPECT_TRUE(same_bits(r.full, plain.full));
+    EXPECT_TRUE(same_bits(r.spec, plain.spec));
+    EXPECT_EQ(r.check.accept, plain.check.accept);
+  }
+}
+
 // A rejected speculation must reproduce plain decoding: per-head attention() and the
 // non-speculative flash_decode give the speculative kernel's full output bit for bit.
 TEST_F(FlashDecodeTest, PlainAttentionEqualsSpeculativeFullOutput) {

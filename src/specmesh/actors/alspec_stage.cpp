@@ -165,13 +165,13 @@ void step(Group& g, uint64_t run, const Batch& batch) {
     if (il == n_layer) break;
     if (dev.is_sender()) {
       const auto t0 = Clock::now();
-      AlspecHandoff h = dev.attend(il);
-      // The hand-off leaves before this group's own post-attention: that is the overlap. On
-      // modelled hardware the speculated output is ready at SFD_R, the full one at SFD_S.
-      pace(t0, LayerPart::attention, AttnMode::spec_receiver);
-      send(SyncKind::handoff, il,
-           {f32_vector(std::move(h.residual)), f32_vector(std::move(h.k)), f32_vector(std::move(h.v)),
-            f32_vector(std::move(h.spec))});
+      // The hand-off leaves as soon as the sink + window output is ready, while this group
+      // still computes the middle of the full attention: that is the overlap. On modelled
+      // hardware the speculated output is ready at SFD_R, the full one at SFD_S.
+      dev.attend(il, [&](const AlspecHandoff& h) {
+        pace(t0, LayerPart::attention, AttnMode::spec_receiver);
+        send(SyncKind::handoff, il, {f32_vector(h.residual), f32_vector(h.k), f32_vector(h.v), f32_vector(h.spec)});
+      });
       pace(t0, LayerPart::attention, AttnMode::spec_sender);
       const bool hit = !st.force_miss &&
                        (st.emulate_hit_rate > 0 ? emulated_hit(il, n_layer, st.emulate_hit_rate) : dev.check().accept);

@@ -94,27 +94,42 @@ void normalise(const float* o, float l, int D, float* out) {
 // Flash decode of heads q[0..n_q): full output always, speculative output when spec != null.
 void decode_heads(const float* q, int n_q, int group, const KvRows& kv, size_t kv_off, int D, float scale,
                   const int32_t* cells, size_t n, float* full, float* spec, const FlashLayout& layout,
-                  ThreadPool* pool) {
+                  ThreadPool* pool, const std::function<void()>& spec_ready = {}) {
   const FlashPlan plan = flash_plan(n, layout);
   // A named reference, so that pool workers use this thread's buffer and not their own.
   thread_local FlashPartials tls_parts;
   FlashPartials& parts = tls_parts;
   parts.reset(plan.n_slots(), n_q, D);
-
-  // Slots 0, 1 and 3.. hold keys; the sink and window come first so they finish first.
-  const size_t computed = plan.n_slots() - 1;
-  run_each(computed, use_pool(pool, n * size_t(n_q) * size_t(D)) && computed > 1, pool, [&](size_t i) {
-    const size_t slot = i < 2 ? i : i + 1;
+  const bool threaded = use_pool(pool, n * size_t(n_q) * size_t(D));
+  auto compute = [&](size_t slot) {
     size_t b, e;
     plan.slot_keys(slot, b, e);
     flash_partial(q, n_q, group, kv, kv_off, scale, cells + b, e - b, parts, slot);
-  });
+  };
 
+  // Slots 0 (sink) and 1 (window) make the speculative partial in slot 2; slots 3.. are the
+  // middle. When someone waits for the speculative output it is finished first, on its own;
+  // otherwise all slots go in one parallel sweep (one pool wake-up).
+  const size_t middle = plan.n_slots() - 3;
+  auto merge_spec = [&] {
+    for (int h = 0; h < n_q; ++h) {
+      const size_t a = parts.at(2, h);
+      flash_combine(parts, 0, 2, h, parts.o_at(2, h), parts.m[a], parts.l[a]);
+      if (spec != nullptr) normalise(parts.o_at(2, h), parts.l[a], D, spec + size_t(h) * D);
+    }
+  };
+  if (spec_ready) {
+    run_each(2, threaded, pool, [&](size_t i) { compute(i); });
+    merge_spec();
+    spec_ready();
+    run_each(middle, threaded && middle > 1, pool, [&](size_t i) { compute(i + 3); });
+  } else {
+    const size_t computed = plan.n_slots() - 1;
+    run_each(computed, threaded && computed > 1, pool, [&](size_t i) { compute(i < 2 ? i : i + 1); });
+    merge_spec();
+  }
   // The merge is a few percent of the work; a second pool wake-up costs more under load.
   for (int h = 0; h < n_q; ++h) {
-    const size_t a = parts.at(2, h);
-    flash_combine(parts, 0, 2, h, parts.o_at(2, h), parts.m[a], parts.l[a]);
-    if (spec != nullptr) normalise(parts.o_at(2, h), parts.l[a], D, spec + size_t(h) * D);
     float* out = full + size_t(h) * D;
     float m, l;
     flash_combine(parts, 2, plan.n_slots(), h, out, m, l);
@@ -226,10 +241,10 @@ bool spec_accept(float d2, float n2, float lambda) { return d2 < lambda * lambda
 
 SpecCheck speculative_flash_decode(const float* q, const HeadShape& hs, float scale, const KvRows& kv,
                                    const int32_t* cells, size_t n, float* full, float* spec, const SpecConfig& cfg,
-                                   ThreadPool* pool) {
+                                   ThreadPool* pool, const std::function<void()>& spec_ready) {
   check_shape(hs);
   decode_heads(q, hs.n_head, hs.n_head / hs.n_head_kv, kv, 0, hs.head_dim, scale, cells, n, full, spec, cfg.layout,
-               pool);
+               pool, spec_ready);
   SpecCheck c;
   const size_t total = size_t(hs.n_head) * size_t(hs.head_dim);
   for (size_t i = 0; i < total; ++i) {

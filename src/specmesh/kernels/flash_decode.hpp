@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <cstdint>
 #include <vector>
 
@@ -120,10 +121,14 @@ bool spec_accept(float d2, float n2, float lambda);
 
 // Speculative flash decode: full output and speculative output (sink + window) of every head
 // in one pass, and the fused check. An exact step (n < 2S) counts as accepted whatever lambda
-// is, since taking the speculative output then changes nothing.
+// is, since taking the speculative output then changes nothing. The sink and window partials
+// are computed first; `spec_ready`, when given, is called with `spec` complete before the
+// middle chunks are, so a caller can ship the speculative output while the full one is still
+// being computed (the numbers are the same either way).
 SpecCheck speculative_flash_decode(const float* q, const HeadShape& hs, float scale, const KvRows& kv,
                                    const int32_t* cells, size_t n, float* full, float* spec,
-                                   const SpecConfig& cfg = {}, ThreadPool* pool = nullptr);
+                                   const SpecConfig& cfg = {}, ThreadPool* pool = nullptr,
+                                   const std::function<void()>& spec_ready = {});
 
 namespace detail {
 

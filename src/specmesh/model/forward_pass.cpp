@@ -82,7 +82,8 @@ void ForwardPass::pre_attention(int il) {
   q_layer_ = il;
 }
 
-SpecCheck ForwardPass::attention(int il, float* full, float* spec, const SpecConfig* cfg) {
+SpecCheck ForwardPass::attention(int il, float* full, float* spec, const SpecConfig* cfg,
+                                 const std::function<void()>& spec_ready) {
   if (q_layer_ != il) throw std::logic_error("attention of a layer whose pre-attention ops did not run");
   const HParams& hp = ctx_.model().hparams();
   const size_t n = size(), Q = hp.q_dim(), KV = hp.kv_dim();
@@ -97,7 +98,7 @@ SpecCheck ForwardPass::attention(int il, float* full, float* spec, const SpecCon
     std::vector<int32_t> cells;
     visible_.cells(0, il, 0, cells);
     return speculative_flash_decode(q_.data(), HeadShape{hp.n_head, hp.n_head_kv, D}, scale, rows, cells.data(),
-                                    cells.size(), full, spec, *cfg, &ctx_.pool());
+                                    cells.size(), full, spec, *cfg, &ctx_.pool(), spec_ready);
   }
 
   // One (token, KV head) pair per work item: its cell list is built once for the query heads

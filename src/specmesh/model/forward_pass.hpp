@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "specmesh/kernels/flash_decode.hpp"
@@ -42,8 +43,10 @@ class ForwardPass {
   // With `cfg`, a single-token batch whose heads share one cell list also gets the
   // speculative output in `spec` (q_dim) and the check, through the speculative kernel; its
   // full output equals the plain one bit for bit when cfg->layout is the context's layout.
-  // Without cfg the returned check is default (not exact, not accepted).
-  SpecCheck attention(int il, float* full, float* spec = nullptr, const SpecConfig* cfg = nullptr);
+  // Without cfg the returned check is default (not exact, not accepted). `spec_ready` is called
+  // once `spec` is complete, before the rest of the full output is computed.
+  SpecCheck attention(int il, float* full, float* spec = nullptr, const SpecConfig* cfg = nullptr,
+                      const std::function<void()>& spec_ready = {});
 
   // Output projection of `att` (n_batch x q_dim) added to the residual, then the FFN block.
   void post_attention(int il, const float* att);

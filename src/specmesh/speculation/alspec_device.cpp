@@ -21,7 +21,7 @@ void AlspecDevice::pre(int il) {
   ++work_.pre_run;
 }
 
-AlspecHandoff AlspecDevice::attend(int il) {
+AlspecHandoff AlspecDevice::attend(int il, const std::function<void(const AlspecHandoff&)>& ship) {
   if (!is_sender()) throw std::logic_error("ALSpec: attend() on the receiver");
   const HParams& hp = ctx_.model().hparams();
   AlspecHandoff h;
@@ -31,7 +31,9 @@ AlspecHandoff AlspecDevice::attend(int il) {
   pass_->read_kv(il, 0, h.k.data(), h.v.data());
   full_.resize(hp.q_dim());
   h.spec.resize(hp.q_dim());
-  check_ = pass_->attention(il, full_.data(), h.spec.data(), &spec_);
+  std::function<void()> ready;
+  if (ship) ready = [&] { ship(h); };
+  check_ = pass_->attention(il, full_.data(), h.spec.data(), &spec_, ready);
   ++work_.sent;
   return h;
 }

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -62,8 +63,10 @@ class AlspecDevice {
   void gather(int other_priority) { gate_.all_gather(other_priority); }
   bool is_sender() const { return gate_.role() == AlspecRole::Sender; }
 
-  // Sender: this layer's attention; returns the hand-off for the receiver.
-  AlspecHandoff attend(int il);
+  // Sender: this layer's attention; returns the hand-off for the receiver. `ship`, when given,
+  // gets the hand-off as soon as the speculative output is ready, while the middle of the full
+  // attention is still to be computed: sending it there is what lets the receiver overlap.
+  AlspecHandoff attend(int il, const std::function<void(const AlspecHandoff&)>& ship = {});
   const SpecCheck& check() const { return check_; }
   // Sender, after attend(): records the verdict and runs post-attention on a miss.
   void settle(int il, bool hit);
