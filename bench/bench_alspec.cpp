@@ -20,8 +20,8 @@
 // attention is a large share of the layer time. Two controls: the pair with every speculation
 // rejected (what the per-layer sync costs) and the pair's ops in sequence on one thread (what
 // its kernels cost without overlap; the pair uses the speculative flash-decode kernel, plain
-// decoding does not). The sender sends its hand-off after the fused kernel has produced both
-// outputs, so on a CPU the receiver's work does not overlap the sender's attention.
+// decoding does not). The sender sends its hand-off as soon as the sink + window output is
+// ready, so the receiver's rest of the layer overlaps the middle of the sender's attention.
 //
 // Usage: bench_alspec [--tokens N] [--dilate F] [--csv FILE]
 //        bench_alspec --cpu [--context K] [--tokens N] [--lambda L]
