@@ -24,7 +24,8 @@
 // ready, so the receiver's rest of the layer overlaps the middle of the sender's attention.
 //
 // Usage: bench_alspec [--tokens N] [--dilate F] [--csv FILE]
-//        bench_alspec --cpu [--context K] [--tokens N] [--lambda L]
+//        bench_alspec --cpu [--context K] [--tokens N] [--lambda L] [--rounds 5]
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -71,7 +72,10 @@ const StrategyInfo& pair_strategy() {
   throw std::runtime_error("no registered strategy runs an attention-level pair");
 }
 
-// One group per device for the pair, one device for plain decoding; every node in this process.
+// One group per device for the pair, one device for plain decoding; every node in this process,
+// and both groups on one node: their messages go through the router and the actors, not
+// through a second gateway's sockets and I/O thread (which a 2-core machine starves while both
+// devices compute).
 std::string topology_text(const std::string& model, bool pair, const std::string& params, int threads) {
   static int n = 0;
   const std::string id = std::to_string(::getpid()) + "-" + std::to_string(n++);
@@ -84,8 +88,7 @@ std::string topology_text(const std::string& model, bool pair, const std::string
                   "[[stages]]\nrole = \"target\"\ndevice = \"ga\"\nfraction = 1.0\n";
   if (pair)
     t += "[run.params]\n" + params + "\n[run.roles]\n" + s.pair_role + " = \"m\"\n" +
-         "[nodes.b]\nendpoint = \"inproc://bench-alspec-" + id + "-b\"\n" +
-         "[devices.gb]\nnode = \"b\"\nthreads = " + std::to_string(threads) + "\n" +
+         "[devices.gb]\nnode = \"a\"\nthreads = " + std::to_string(threads) + "\n" +
          "[[stages]]\nrole = \"" + s.pair_role + "\"\ndevice = \"gb\"\nfraction = 1.0\n";
   return t;
 }
@@ -234,7 +237,7 @@ double sequential_pair_token_seconds(const Model& m, int n, int tokens, double l
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / tokens;
 }
 
-int run_cpu(int context, int tokens, double lambda) {
+int run_cpu(int context, int tokens, double lambda, int rounds) {
   SyntheticSpec s = *synthetic_preset("tiny-llama");
   s.n_embd = 256;
   s.n_head = 4;
@@ -258,18 +261,38 @@ int run_cpu(int context, int tokens, double lambda) {
     return measure(Topology::parse(topology_text(model, pair, params, 1), "bench", "/"), prompt, tokens);
   };
   const std::string window = "window = 64\n";
-  const Measured ar = run(false, "");
-  const Measured al = run(true, window + "lambda = " + std::to_string(lambda));
-  const Measured miss = run(true, window + "force_miss = true");
+  // Rounds of every variant in turn, so that the machine's drift (2 shared cores) hits all of
+  // them alike; the medians of per-round ratios are the figures.
+  std::vector<double> speedup, miss_ratio, seq_ratio, sync_us, hits;
+  double ar_s = 0, al_s = 0;
+  for (int r = 0; r < rounds; ++r) {
+    const Measured ar = run(false, "");
+    const Measured al = run(true, window + "lambda = " + std::to_string(lambda));
+    const Measured miss = run(true, window + "force_miss = true");
+    const double seq = sequential_pair_token_seconds(*m, context, tokens, lambda);
+    speedup.push_back(ar.token_s / al.token_s);
+    miss_ratio.push_back(ar.token_s / miss.token_s);
+    seq_ratio.push_back(ar.token_s / seq);
+    sync_us.push_back(1e6 * (miss.token_s - seq) / hp.n_layer);
+    hits.push_back(al.hit_rate);
+    ar_s += ar.token_s / rounds;
+    al_s += al.token_s / rounds;
+    std::printf("round %d: ar %.1f tok/s, alspec %.1f tok/s (x%.3f), all rejected x%.3f, in sequence x%.3f\n", r + 1,
+                1 / ar.token_s, 1 / al.token_s, speedup.back(), miss_ratio.back(), seq_ratio.back());
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
   const size_t bytes = (size_t(hp.n_embd) + 2 * size_t(hp.kv_dim()) + size_t(hp.q_dim())) * sizeof(float);
-  std::printf("ar (1 device):                 %8.2f tok/s\n", 1 / ar.token_s);
-  std::printf("alspec (2 devices), lambda %.2f: %8.2f tok/s, hit rate %.1f %%, ratio %.3f\n", lambda, 1 / al.token_s,
-              100 * al.hit_rate, ar.token_s / al.token_s);
-  std::printf("alspec, every speculation rejected: %8.2f tok/s\n", 1 / miss.token_s);
-  std::printf("the pair's ops in sequence on one thread: %8.2f tok/s (no overlap: kernel and layout effects alone)\n",
-              1 / sequential_pair_token_seconds(*m, context, tokens, lambda));
-  std::printf("per-layer sync (priority all-gather + hand-off of %zu bytes): %.1f us, from the rejected run over ar\n",
-              bytes, 1e6 * (miss.token_s - ar.token_s) / hp.n_layer);
+  std::printf("medians over %d rounds, against ar on one device (mean %.1f tok/s):\n", rounds, 1 / ar_s);
+  std::printf("  alspec (2 devices), lambda %.2f: x%.3f (mean %.1f tok/s), hit rate %.1f %%\n", lambda, median(speedup),
+              1 / al_s, 100 * median(hits));
+  std::printf("  alspec, every speculation rejected: x%.3f\n", median(miss_ratio));
+  std::printf("  the pair's ops in sequence on one thread: x%.3f (no overlap: kernel and layout effects alone)\n",
+              median(seq_ratio));
+  std::printf("  per-layer sync (priority all-gather + hand-off of %zu bytes): %.1f us (all rejected over in sequence)\n",
+              bytes, median(sync_us));
   std::remove(model.c_str());
   return 0;
 }
@@ -277,7 +300,7 @@ int run_cpu(int context, int tokens, double lambda) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int tokens = 0, context = 2048;
+  int tokens = 0, context = 2048, rounds = 5;
   double dilate = 0, lambda = 2.0;
   bool cpu = false;
   std::string csv;
@@ -294,17 +317,18 @@ int main(int argc, char** argv) {
     else if (a == "--dilate") dilate = std::stod(next());
     else if (a == "--csv") csv = next();
     else if (a == "--cpu") cpu = true;
+    else if (a == "--rounds") rounds = std::max(1, std::stoi(next()));
     else if (a == "--context") context = std::stoi(next());
     else if (a == "--lambda") lambda = std::stod(next());
     else {
       std::fprintf(stderr, "usage: %s [--tokens N] [--dilate F] [--csv FILE] | --cpu [--context K] [--tokens N] "
-                           "[--lambda L]\n", argv[0]);
+                           "[--lambda L] [--rounds R]\n", argv[0]);
       return 2;
     }
   }
   set_log_level("error");
   try {
-    return cpu ? run_cpu(context, tokens > 0 ? tokens : 16, lambda) : run_emulation(tokens > 0 ? tokens : 6, dilate > 0 ? dilate : 24, dilate > 0 ? dilate : 16, csv);
+    return cpu ? run_cpu(context, tokens > 0 ? tokens : 16, lambda, rounds) : run_emulation(tokens > 0 ? tokens : 6, dilate > 0 ? dilate : 24, dilate > 0 ? dilate : 16, csv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_alspec: %s\n", e.what());
     return 1;
