@@ -101,9 +101,20 @@ SpecCheck ForwardPass::attention(int il, float* full, float* spec, const SpecCon
                                     cells.size(), full, spec, *cfg, &ctx_.pool(), spec_ready);
   }
 
+  const FlashLayout& layout = ctx_.attention_layout();
+  // A decode step whose heads read one cell list: every head in one flash decode, split over
+  // the pool by KV chunks. Bit for bit what the per-head path below gives (the kernels' tests
+  // hold them equal), so a token's result still does not depend on its batch.
+  if (n == 1 && !visible_.per_head()) {
+    thread_local std::vector<int32_t> cells;
+    visible_.cells(0, il, 0, cells);
+    flash_decode(q_.data(), HeadShape{hp.n_head, hp.n_head_kv, D}, scale, rows, cells.data(), cells.size(), full,
+                 layout, &ctx_.pool());
+    return {};
+  }
+
   // One (token, KV head) pair per work item: its cell list is built once for the query heads
   // of its group. Each item is computed the same way whatever the split.
-  const FlashLayout& layout = ctx_.attention_layout();
   const size_t items = n * hp.n_head_kv;
   auto work = [&](size_t b, size_t e) {
     thread_local std::vector<int32_t> cells;
