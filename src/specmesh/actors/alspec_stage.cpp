@@ -145,11 +145,18 @@ void step(Group& g, uint64_t run, const Batch& batch) {
     AttentionSync s{g.cfg.peer_pipeline, kind, layer, pos, dev.gate().priority(), std::move(tensors), 0};
     sc.router->send(g.cfg.peer_node, make_envelope(run, std::move(s)));
   };
-  // The all-gather; returns the partner's priority.
+  // The all-gather; returns the partner's priority. After a hand-off half of it is known
+  // without a message: a receiver always sets 1 (AlspecGate::received), so the group that sent
+  // at the previous layer takes that without waiting, and the group that received sends
+  // nothing; only the sender's verdict (0 or 2) travels. That keeps one blocking message per
+  // layer instead of two.
+  bool sent_last = false, received_last = false;
   auto gather = [&](int layer) {
-    send(SyncKind::priority, layer, {});
-    const int other = g.inbox.take(run, SyncKind::priority, layer, g.cfg.peer_timeout, give_up).priority;
+    if (!received_last) send(SyncKind::priority, layer, {});
+    const int other = sent_last ? AlspecGate::kReceiver
+                                : g.inbox.take(run, SyncKind::priority, layer, g.cfg.peer_timeout, give_up).priority;
     dev.gather(other);
+    sent_last = received_last = false;
     return other;
   };
 
@@ -179,12 +186,14 @@ void step(Group& g, uint64_t run, const Batch& batch) {
       dev.settle(il, hit);
       if (!hit) pace(t1, LayerPart::rest, AttnMode::flash);  // a hit skips the post-attention ops
       hits[il] = hit;
+      sent_last = true;
     } else {
       const AttentionSync m = g.inbox.take(run, SyncKind::handoff, il, g.cfg.peer_timeout, give_up);
       const auto t0 = Clock::now();
       dev.receive(il, {floats(m.tensors[0]), floats(m.tensors[1]), floats(m.tensors[2]), floats(m.tensors[3])});
       pace(t0, LayerPart::rest, AttnMode::flash);
       received_at = il;
+      received_last = true;
     }
   }
   if (!dev.is_sender()) {
