@@ -50,6 +50,15 @@ std::vector<float> rows_of(const Logits& l, size_t want_rows, int n_vocab, uint6
   return l.logits.data.to_vector<float>();
 }
 
+void OneRunPerToken::start() { awaited_ = feed(h_, kTargetRole, cached_, h_.prompt(), 1); }
+
+void OneRunPerToken::on_logits(uint64_t run, const Logits& l) {
+  if (run != awaited_) return;  // an earlier prefill chunk
+  auto row = rows_of(l, 1, h_.vocab(), run);
+  if (!h_.accept(h_.sampler().sample(row.data(), h_.vocab()))) return;
+  awaited_ = feed(h_, kTargetRole, cached_, {h_.tokens().back()}, 1);
+}
+
 float top_probability(const float* logits, int n_vocab) {
   float m = logits[0];
   for (int i = 1; i < n_vocab; ++i) m = std::max(m, logits[i]);

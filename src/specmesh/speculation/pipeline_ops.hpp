@@ -24,4 +24,21 @@ std::vector<float> rows_of(const Logits& l, size_t want_rows, int n_vocab, uint6
 // Softmax probability of the most likely token: the draft's confidence.
 float top_probability(const float* logits, int n_vocab);
 
+// Plain decoding's loop: the prompt into the target's pipeline, then one run per accepted
+// token. For strategies whose speculation happens below the head, or none at all.
+class OneRunPerToken {
+ public:
+  explicit OneRunPerToken(StrategyHost& h) : h_(h) {}
+  void start();
+  // Samples and accepts the token of the awaited run (earlier prefill chunks are ignored)
+  // and launches the next run.
+  void on_logits(uint64_t run, const Logits& l);
+  uint64_t awaited() const { return awaited_; }
+
+ private:
+  StrategyHost& h_;
+  std::vector<int32_t> cached_;
+  uint64_t awaited_ = 0;
+};
+
 }  // namespace specmesh

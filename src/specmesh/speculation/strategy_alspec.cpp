@@ -3,8 +3,9 @@
 // as a speculative pair (actors/alspec_stage): at each layer the sender hands the receiver a
 // speculative attention output over the first and last `window` keys, the receiver goes on
 // with it, and the sender's check (||spec - full|| < lambda ||full||) decides who holds the
-// right state. Output equals plain decoding with the same key split; what changes is how much
-// of the work overlaps. Per-layer hits come back in a report before each token's logits.
+// right state. With lambda = 0 (or force_miss) the output equals plain decoding with the same
+// key split; a larger lambda accepts approximate attention for more overlap. Per-layer hits
+// come back in a report before each token's logits.
 #include "specmesh/speculation/pipeline_ops.hpp"
 #include "specmesh/speculation/registry.hpp"
 
@@ -16,10 +17,10 @@ constexpr const char* kReceiverRole = "receiver";
 
 class AttentionLevel final : public Strategy {
  public:
-  explicit AttentionLevel(StrategyHost& h) : h_(h) {}
-  void start() override { awaited_ = feed(h_, kTargetRole, cached_, h_.prompt(), 1); }
+  explicit AttentionLevel(StrategyHost& h) : h_(h), loop_(h) {}
+  void start() override { loop_.start(); }
   void on_attention_report(uint64_t run, const AttentionSync& r) override {
-    if (run != awaited_ || r.kind != SyncKind::report || r.tensors.size() != 1) return;
+    if (run != loop_.awaited() || r.kind != SyncKind::report || r.tensors.size() != 1) return;
     const std::vector<uint8_t> hits = r.tensors[0].data.to_vector<uint8_t>();
     if (layer_hits_.empty()) layer_hits_.assign(hits.size(), 0);
     if (hits.size() != layer_hits_.size()) throw std::runtime_error("ALSpec report: the layer count changed");
@@ -37,17 +38,11 @@ class AttentionLevel final : public Strategy {
     m.layer_hit_rates.resize(hits.size());
     for (size_t l = 0; l < hits.size(); ++l) m.layer_hit_rates[l] = double(layer_hits_[l]) / double(tokens_);
   }
-  void on_logits(uint64_t run, const Logits& l) override {
-    if (run != awaited_) return;  // an earlier prefill chunk
-    auto row = rows_of(l, 1, h_.vocab(), run);
-    if (!h_.accept(h_.sampler().sample(row.data(), h_.vocab()))) return;
-    awaited_ = feed(h_, kTargetRole, cached_, {h_.tokens().back()}, 1);
-  }
+  void on_logits(uint64_t run, const Logits& l) override { loop_.on_logits(run, l); }
 
  private:
   StrategyHost& h_;
-  std::vector<int32_t> cached_;
-  uint64_t awaited_ = 0;
+  OneRunPerToken loop_;
   std::vector<int64_t> layer_hits_;
   int64_t tokens_ = 0;
 };

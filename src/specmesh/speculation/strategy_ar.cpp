@@ -9,19 +9,12 @@ namespace {
 
 class Autoregressive final : public Strategy {
  public:
-  explicit Autoregressive(StrategyHost& h) : h_(h) {}
-  void start() override { awaited_ = feed(h_, kTargetRole, cached_, h_.prompt(), 1); }
-  void on_logits(uint64_t run, const Logits& l) override {
-    if (run != awaited_) return;  // an earlier prefill chunk
-    auto row = rows_of(l, 1, h_.vocab(), run);
-    if (!h_.accept(h_.sampler().sample(row.data(), h_.vocab()))) return;
-    awaited_ = feed(h_, kTargetRole, cached_, {h_.tokens().back()}, 1);
-  }
+  explicit Autoregressive(StrategyHost& h) : loop_(h) {}
+  void start() override { loop_.start(); }
+  void on_logits(uint64_t run, const Logits& l) override { loop_.on_logits(run, l); }
 
  private:
-  StrategyHost& h_;
-  std::vector<int32_t> cached_;
-  uint64_t awaited_ = 0;
+  OneRunPerToken loop_;
 };
 
 }  // namespace
