@@ -30,16 +30,6 @@ constexpr int kPrompts = 8;
 constexpr float kLambdas[] = {0.05f, 0.10f, 0.15f, 0.20f, 0.25f};
 constexpr size_t kSpecLens[] = {16, 32};
 
-std::vector<int32_t> greedy(Context& ctx, const std::vector<int32_t>& prompt, int n) {
-  GenerateParams gp;
-  gp.n_predict = n;
-  gp.sampling.temperature = 0;
-  gp.ignore_eos = true;
-  std::vector<int32_t> out;
-  generate(ctx, prompt, gp, [&](int32_t t) { out.push_back(t); return true; });
-  return out;
-}
-
 // In-distribution long prompts: the model's own sampled continuation of a story opening.
 std::vector<int32_t> make_prompt(const Model& m, uint64_t seed) {
   Context ctx(m, {.n_ctx = kCtx});
@@ -110,9 +100,9 @@ int main(int argc, char** argv) {
       Tally rounding;  // plain decoding with the default layout against this one: rounding only
       for (const auto& prompt : prompts) {
         Context ctx(*m, {.n_ctx = kCtx, .attention_layout = layout});
-        plain.push_back(greedy(ctx, prompt, kGenerate));
+        plain.push_back(greedy_ids(ctx, prompt, kGenerate, true));
         Context def(*m, {.n_ctx = kCtx});
-        rounding.add_ids(greedy(def, prompt, kGenerate), plain.back());
+        rounding.add_ids(greedy_ids(def, prompt, kGenerate, true), plain.back());
       }
       std::printf("%-24s %3zu %6s %8s %10.1f %11.1f %9s\n", name, S, "plain", "-", pct(rounding.same, rounding.tokens),
                   pct(rounding.prefix, rounding.tokens), "-");

@@ -163,13 +163,7 @@ SpecConfig spec_config(size_t S, float lambda) { return SpecConfig{{S, S, 32}, l
 // Plain greedy decoding with the given attention layout; n tokens, stop tokens ignored.
 std::vector<int32_t> plain_greedy(const Model& m, const std::vector<int32_t>& prompt, int n, const FlashLayout& layout) {
   Context ctx(m, {.n_ctx = 256, .attention_layout = layout});
-  GenerateParams gp;
-  gp.n_predict = n;
-  gp.sampling.temperature = 0;
-  gp.ignore_eos = true;
-  std::vector<int32_t> out;
-  generate(ctx, prompt, gp, [&](int32_t t) { out.push_back(t); return true; });
-  return out;
+  return greedy_ids(ctx, prompt, n, true);
 }
 
 // Greedy decoding through the pair; each decode step's result, input token and position are

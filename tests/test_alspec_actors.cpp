@@ -20,10 +20,13 @@
 #include "specmesh/speculation/alspec_pair.hpp"
 #include "specmesh/speculation/registry.hpp"
 #include "specmesh/topology.hpp"
+#include "processes.hpp"
 #include "refdata.hpp"
 
 using namespace specmesh;
 using specmesh::test::refdata;
+using specmesh::test::node_options;
+using specmesh::test::child_processes;
 
 namespace {
 
@@ -66,16 +69,7 @@ FlashLayout layout() { return {kWindow, kWindow, 32}; }
 std::vector<int32_t> plain(const std::string& path) {
   auto m = Model::load(path);
   Context ctx(*m, {.attention_layout = layout()});
-  GenerateParams gp;
-  gp.n_predict = kPredict;
-  gp.sampling.temperature = 0;
-  gp.ignore_eos = true;
-  std::vector<int32_t> out;
-  generate(ctx, m->tokenizer().encode(kPrompt, true), gp, [&](int32_t t) {
-    out.push_back(t);
-    return true;
-  });
-  return out;
+  return greedy_ids(ctx, m->tokenizer().encode(kPrompt, true), kPredict, true);
 }
 
 // Greedy decoding through the sequential executor (same hits as the actors should take).
@@ -116,12 +110,7 @@ std::string topology(const std::string& model, const std::string& transport, con
   return path;
 }
 
-RuntimeOptions opts(const std::string& transport) {
-  RuntimeOptions o;
-  o.spawn_nodes = transport != "inproc";
-  o.specmesh_binary = SPECMESH_CLI_PATH;
-  return o;
-}
+RuntimeOptions opts(const std::string& transport) { return node_options(transport != "inproc"); }
 
 GenerationResult run(Runtime& rt) {
   return rt.generate({.prompt = kPrompt, .n_predict = kPredict, .sampling = SamplingParams{}, .ignore_eos = true});
@@ -219,21 +208,7 @@ TEST(AlspecActors, GroupsOnOneDeviceOrWithAnotherModelAreRejected) {
 // Kills the node process of one group (0: the target's, 1: the receiver's) mid-generation.
 void kill_group(int group) {
   auto rt = Runtime::open(topology(refdata("gguf-models/stories-target-1M.gguf"), "ipc", "lambda = 0.1"), opts("ipc"));
-  std::vector<pid_t> kids;
-  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream st(e.path() / "stat");
-    std::string line;
-    std::getline(st, line);
-    const auto rp = line.rfind(')');
-    if (rp == std::string::npos) continue;
-    std::istringstream rest(line.substr(rp + 2));
-    char state;
-    pid_t ppid;
-    rest >> state >> ppid;
-    if (ppid == ::getpid()) kids.push_back(std::stoi(name));
-  }
+  std::vector<pid_t> kids = child_processes();
   ASSERT_EQ(kids.size(), 2u);
   std::sort(kids.begin(), kids.end());  // spawned in node order: a (target), then b
   std::chrono::steady_clock::time_point killed_at;

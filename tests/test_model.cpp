@@ -22,15 +22,6 @@ std::unique_ptr<Model> load_gguf(const std::string& name = "stories260K") {
   return Model::load(refdata("gguf-models/" + name + ".gguf"));
 }
 
-std::vector<int32_t> greedy(Context& ctx, const std::vector<int32_t>& prompt, int n) {
-  GenerateParams gp;
-  gp.n_predict = n;
-  gp.sampling.temperature = 0;
-  std::vector<int32_t> out;
-  generate(ctx, prompt, gp, [&](int32_t t) { out.push_back(t); return true; });
-  return out;
-}
-
 // Runs every case of stories260K_greedy_reference.json (run.c semantics: `steps` forward
 // passes, prompt tokens forced, stop at BOS) and compares ids and printed text.
 void check_goldens(const Model& m) {
@@ -43,7 +34,7 @@ void check_goldens(const Model& m) {
     EXPECT_EQ(m.tokenizer().encode(c["prompt"].get<std::string>(), true), prompt_ids);
     Context ctx(m, {});
     const int steps = c["steps"];
-    auto ids = greedy(ctx, prompt_ids, steps - int(prompt_ids.size()) + 1);
+    auto ids = greedy_ids(ctx, prompt_ids, steps - int(prompt_ids.size()) + 1);
     EXPECT_EQ(ids, c["generated_ids"].get<std::vector<int32_t>>());
 
     StreamDecoder dec(m.tokenizer());
@@ -98,7 +89,7 @@ TEST(Goldens, DistilledModelsMatchTheirGreedyIds) {
   for (const auto& [name, ids] : expect) {
     for (auto& m : {load_bin(name), load_gguf(name)}) {
       Context ctx(*m, {});
-      EXPECT_EQ(greedy(ctx, {1, 403, 407, 261, 378}, 64), ids) << name << " " << m->format();
+      EXPECT_EQ(greedy_ids(ctx, {1, 403, 407, 261, 378}, 64), ids) << name << " " << m->format();
     }
   }
 }

@@ -17,11 +17,14 @@
 #include "specmesh/model/generate.hpp"
 #include "specmesh/model/synthetic.hpp"
 #include "ports.hpp"
+#include "processes.hpp"
 #include "refdata.hpp"
 #include "specmesh/runtime.hpp"
 
 using namespace specmesh;
 using specmesh::test::refdata;
+using specmesh::test::node_options;
+using specmesh::test::child_processes;
 
 namespace {
 
@@ -64,21 +67,9 @@ std::string write_topology(const std::string& model, const std::string& tokenize
 std::vector<int32_t> reference(const std::string& model, const std::string& tokenizer, const std::string& prompt, int n) {
   auto m = Model::load(model, tokenizer);
   Context ctx(*m, {});
-  std::vector<int32_t> p = m->tokenizer().encode(prompt, true);
-  GenerateParams gp;
-  gp.n_predict = n;
-  gp.sampling.temperature = 0;
-  std::vector<int32_t> out;
-  generate(ctx, p, gp, [&](int32_t t) { out.push_back(t); return true; });
-  return out;
+  return greedy_ids(ctx, m->tokenizer().encode(prompt, true), n);
 }
 
-RuntimeOptions spawn_opts() {
-  RuntimeOptions o;
-  o.spawn_nodes = true;
-  o.specmesh_binary = SPECMESH_CLI_PATH;
-  return o;
-}
 
 std::string qwen3_model() {
   static std::string path = [] {
@@ -96,7 +87,7 @@ void expect_pipeline_matches(const std::string& model, const std::string& tok, i
                              bool spawn) {
   const std::string prompt = "Once upon a time";
   auto want = reference(model, tok, prompt, 40);
-  auto rt = Runtime::open(write_topology(model, tok, stages, transport), spawn ? spawn_opts() : RuntimeOptions{});
+  auto rt = Runtime::open(write_topology(model, tok, stages, transport), node_options(spawn));
   auto got = rt->generate({.prompt = prompt, .n_predict = 40});
   ASSERT_TRUE(got.ok()) << got.error;
   EXPECT_EQ(got.ids, want) << stages << " stages over " << transport;
@@ -132,23 +123,9 @@ TEST(Pipeline, TwoAndThreeProcessesOverTcpMatchGenerate) {
 TEST(Pipeline, KilledStageGivesAClearErrorAndKeepsAcceptedTokens) {
   SPECMESH_REQUIRE_REFDATA();
   const std::string model = refdata("gguf-models/stories-target-1M.gguf");
-  auto rt = Runtime::open(write_topology(model, "", 2, "ipc"), spawn_opts());
+  auto rt = Runtime::open(write_topology(model, "", 2, "ipc"), node_options(true));
   // Find the stage processes: the children of this process running `specmesh node`.
-  std::vector<pid_t> kids;
-  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream st(e.path() / "stat");
-    std::string line;
-    std::getline(st, line);
-    auto rp = line.rfind(')');
-    if (rp == std::string::npos) continue;
-    std::istringstream rest(line.substr(rp + 2));
-    char state;
-    pid_t ppid;
-    rest >> state >> ppid;
-    if (ppid == ::getpid()) kids.push_back(std::stoi(name));
-  }
+  std::vector<pid_t> kids = child_processes();
   ASSERT_EQ(kids.size(), 2u);
   std::chrono::steady_clock::time_point killed_at;
   int seen = 0;

@@ -15,12 +15,14 @@
 
 #include "specmesh/model/context.hpp"
 #include "specmesh/model/generate.hpp"
+#include "processes.hpp"
 #include "refdata.hpp"
 #include "specmesh/runtime.hpp"
 #include "specmesh/speculation/metrics.hpp"
 
 using namespace specmesh;
 using specmesh::test::refdata;
+using specmesh::test::node_options;
 
 namespace {
 
@@ -44,10 +46,7 @@ std::vector<int32_t> reference(const std::string& model, const std::string& prom
   if (!r.empty()) return r;
   auto m = Model::load(path_of(model));
   Context ctx(*m, {});
-  GenerateParams gp;
-  gp.n_predict = n;
-  gp.sampling.temperature = 0;
-  generate(ctx, m->tokenizer().encode(prompt, true), gp, [&](int32_t t) { r.push_back(t); return true; });
+  r = greedy_ids(ctx, m->tokenizer().encode(prompt, true), n);
   return r;
 }
 
@@ -81,12 +80,7 @@ std::string topology(const std::string& target, const std::string& draft, const 
   return path;
 }
 
-RuntimeOptions opts(const std::string& transport) {
-  RuntimeOptions o;
-  o.spawn_nodes = transport != "inproc";
-  o.specmesh_binary = SPECMESH_CLI_PATH;
-  return o;
-}
+RuntimeOptions opts(const std::string& transport) { return node_options(transport != "inproc"); }
 
 // With two_drafts, the second draft is the next model after the first that is not the target.
 void expect_lossless(const std::string& strategy, const std::string& transport, int stages, const std::string& params,

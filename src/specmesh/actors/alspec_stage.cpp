@@ -254,17 +254,10 @@ void schedule_kv_ops(const std::shared_ptr<Group>& g, uint64_t run, KvCacheOp op
   auto job = std::make_shared<DeviceJob>();
   job->run = [g, run, ops = std::move(ops)](ThreadPool&) -> WorkCost {
     try {
-      KvCache& kv = g->ctx->kv();
-      for (const KvOp& op : ops.ops) {
-        if (op.seq >= kMaxSeqs || op.dst_seq >= kMaxSeqs) throw std::invalid_argument("sequence id out of range");
-        switch (op.kind) {
-          case KvOpKind::copy: kv.seq_cp(op.seq, op.dst_seq, op.pos_begin, op.pos_end); break;
-          case KvOpKind::remove: kv.seq_rm(op.seq, op.pos_begin, op.pos_end); break;
-          case KvOpKind::keep: kv.seq_keep(op.seq); break;
-        }
-        // An emptied cache starts a new session: both groups go back to the first priorities.
+      apply_kv_ops(g->ctx->kv(), ops.ops);
+      // An emptied cache starts a new session: both groups go back to the first priorities.
+      for (const KvOp& op : ops.ops)
         if (op.kind == KvOpKind::remove && op.seq < 0 && op.pos_begin < 0 && op.pos_end < 0) g->dev->reset();
-      }
     } catch (const std::exception& e) {
       report_error(*g, run, std::string("KV-cache operation failed: ") + e.what());
     }

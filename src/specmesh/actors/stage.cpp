@@ -39,6 +39,17 @@ RunStart to_run_start(const std::string& pipeline, const Batch& b, bool speculat
   return r;
 }
 
+void apply_kv_ops(KvCache& kv, const std::vector<KvOp>& ops) {
+  for (const KvOp& op : ops) {
+    if (op.seq >= kMaxSeqs || op.dst_seq >= kMaxSeqs) throw std::invalid_argument("sequence id out of range");
+    switch (op.kind) {
+      case KvOpKind::copy: kv.seq_cp(op.seq, op.dst_seq, op.pos_begin, op.pos_end); break;
+      case KvOpKind::remove: kv.seq_rm(op.seq, op.pos_begin, op.pos_end); break;
+      case KvOpKind::keep: kv.seq_keep(op.seq); break;
+    }
+  }
+}
+
 namespace {
 
 struct StageState {
@@ -154,15 +165,7 @@ void schedule_kv_ops(StageState& st, uint64_t run, KvCacheOp ops) {
   auto job = std::make_shared<DeviceJob>();
   job->run = [ctx = st.ctx, cfg = st.cfg, run, ops = std::move(ops)](ThreadPool&) -> WorkCost {
     try {
-      KvCache& kv = ctx->kv();
-      for (const KvOp& op : ops.ops) {
-        if (op.seq >= kMaxSeqs || op.dst_seq >= kMaxSeqs) throw std::invalid_argument("sequence id out of range");
-        switch (op.kind) {
-          case KvOpKind::copy: kv.seq_cp(op.seq, op.dst_seq, op.pos_begin, op.pos_end); break;
-          case KvOpKind::remove: kv.seq_rm(op.seq, op.pos_begin, op.pos_end); break;
-          case KvOpKind::keep: kv.seq_keep(op.seq); break;
-        }
-      }
+      apply_kv_ops(ctx->kv(), ops.ops);
       // Cache operations travel down the pipeline in order with the runs.
       if (!ctx->has_head()) {
         KvCacheOp next = ops;

@@ -79,6 +79,10 @@ struct StageStats {
 // the model does not have, taps without a tap_node, or a tap_dtype other than f32 or f16.
 caf::actor spawn_stage(caf::actor_system& sys, StageConfig cfg, std::shared_ptr<StageStats> stats);
 
+// Applies cache operations in order (llama.cpp sequence semantics); throws
+// std::invalid_argument for a sequence id out of range.
+void apply_kv_ops(KvCache& kv, const std::vector<KvOp>& ops);
+
 // Conversions between the wire batch and the model's batch.
 Batch to_batch(const RunStart& r);
 RunStart to_run_start(const std::string& pipeline, const Batch& b, bool speculative);

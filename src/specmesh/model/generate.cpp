@@ -61,4 +61,17 @@ GenerateStats generate(Context& ctx, const std::vector<int32_t>& prompt, const G
   return st;
 }
 
+std::vector<int32_t> greedy_ids(Context& ctx, const std::vector<int32_t>& prompt, int n, bool ignore_eos) {
+  GenerateParams gp;
+  gp.n_predict = n;
+  gp.sampling.temperature = 0;
+  gp.ignore_eos = ignore_eos;
+  std::vector<int32_t> out;
+  generate(ctx, prompt, gp, [&](int32_t t) {
+    out.push_back(t);
+    return true;
+  });
+  return out;
+}
+
 }  // namespace specmesh

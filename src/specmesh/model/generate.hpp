@@ -28,6 +28,10 @@ using TokenCallback = std::function<bool(int32_t)>;
 GenerateStats generate(Context& ctx, const std::vector<int32_t>& prompt, const GenerateParams& params,
                        const TokenCallback& on_token);
 
+// The ids plain greedy decoding emits after `prompt`: n of them, fewer when the stop token
+// comes first (unless ignored). The reference every lossless strategy is compared with.
+std::vector<int32_t> greedy_ids(Context& ctx, const std::vector<int32_t>& prompt, int n, bool ignore_eos = false);
+
 // Runs `tokens` at positions [pos0, pos0+n) of sequence 0 in batches of n_batch and returns
 // the logits of the last one.
 std::vector<float> prefill(Context& ctx, const std::vector<int32_t>& tokens, int32_t pos0, int n_batch);
