@@ -75,14 +75,15 @@ Carrier newest_token_carrier(const FakeHost& h) {
   for (const LaunchRecord* r : h.launches(kTargetRole)) {
     if (!r->in_flight()) continue;
     const Batch& b = r->batch;
-    // A row carries the token when it sits at its position and its path (its ancestors in a
-    // tree, the rows before it in a chain) agrees with the accepted tokens.
+    // A row carries the token when it sits at its position and its path (the rows of its
+    // sequences up to it) agrees with the accepted tokens.
     bool carries = false;
     for (size_t i = 0; i < b.size() && !carries; ++i) {
       if (b.pos[i] != last || !b.logits[i]) continue;
       bool agrees = true;
-      for (int64_t j = int64_t(i); j >= 0; j = b.is_tree() ? b.parent[size_t(j)] : j - 1)
-        agrees = agrees && b.tokens[size_t(j)] == A[size_t(b.pos[size_t(j)])];
+      for (size_t j = 0; j < b.size(); ++j)
+        if ((b.seqs[j] & b.seqs[i]) && b.pos[j] <= b.pos[i])
+          agrees = agrees && b.tokens[j] == A[size_t(b.pos[j])];
       carries = agrees;
     }
     if (!carries) continue;
@@ -111,20 +112,27 @@ TEST(StrategyPipeInfer, PipeInferCancelsRunsBuiltOnARejectedToken) {
   const auto cancels = h.events(EventKind::cancel, kTargetRole);
   ASSERT_EQ(cancels.size(), 1u);
   EXPECT_EQ(cancels[0].runs, (std::vector<uint64_t>{spec[1]->run, spec[2]->run}));
-  // Their partitions are released right after the cancel, in order with the runs.
+  // The branch's sequence is freed right after the cancel, in order with the runs.
   const auto& ev = h.events();
   auto at = std::find_if(ev.begin(), ev.end(), [](const Event& e) { return e.kind == EventKind::cancel; });
   ASSERT_NE(at + 1, ev.end());
   EXPECT_EQ((at + 1)->kind, EventKind::kv_ops);
-  EXPECT_EQ((at + 1)->ops, (std::vector<KvOp>{{KvOpKind::remove, seq_of(*spec[1]), -1, -1, -1},
-                                              {KvOpKind::remove, seq_of(*spec[2]), -1, -1, -1}}));
-  // The corrected token goes back in as a non-speculative run.
+  EXPECT_EQ(seq_of(*spec[1]), seq_of(*spec[0]));
+  EXPECT_EQ((at + 1)->ops, (std::vector<KvOp>{{KvOpKind::remove, seq_of(*spec[1]), -1, -1, -1}}));
+  // The corrected token goes back in as a non-speculative run; a new branch borrows the
+  // canonical cells, that token's included.
   ASSERT_NE(at + 2, ev.end());
   ASSERT_EQ((at + 2)->kind, EventKind::launch);
   const LaunchRecord& next = h.launch_of((at + 2)->run);
   EXPECT_FALSE(next.speculative);
   EXPECT_EQ(next.batch.tokens, std::vector<int32_t>{greedy[1]});
   EXPECT_EQ(next.batch.pos, std::vector<int32_t>{L + 1});
+  auto borrow = std::find_if(at + 3, ev.end(), [](const Event& e) { return e.kind == EventKind::kv_ops && e.role == kTargetRole; });
+  ASSERT_NE(borrow, ev.end());
+  ASSERT_EQ(borrow->ops.size(), 1u);
+  EXPECT_EQ(borrow->ops[0].kind, KvOpKind::copy);
+  EXPECT_EQ(borrow->ops[0].seq, 0);
+  EXPECT_EQ(borrow->ops[0].pos_end, L + 2);
 
   h.run_to_end(FakeHost::oldest_first());
   EXPECT_EQ(h.generated(), greedy);
@@ -237,9 +245,8 @@ TEST(StrategyPipeInfer, PipeInferLaunchesMicroBatchesOfMaxMicroBatchTokens) {
       EXPECT_EQ(std::popcount(b.seqs[0]), 1);
       seqs.push_back(seq_of(*r));
     }
-    // Each run in its own partition, never the canonical sequence.
-    std::sort(seqs.begin(), seqs.end());
-    EXPECT_EQ(std::unique(seqs.begin(), seqs.end()), seqs.end());
+    // One branch: every run in its sequence, never the canonical one.
+    EXPECT_EQ(std::count(seqs.begin(), seqs.end(), seqs.front()), int(seqs.size()));
     EXPECT_GT(seqs.front(), 0);
     h.run_to_end(FakeHost::oldest_first());
     EXPECT_EQ(h.generated(), greedy);
@@ -266,6 +273,13 @@ Oracle two_peaks(NextToken top, float p_top, float p_second, std::vector<int32_t
 const std::map<std::string, ParamValue> kTreeParams = {
     {"max_micro_batch", 4}, {"max_runs", 4}, {"p_accept", 0.5}, {"p_recovery", 0}, {"n_parallel", 2}, {"p_split", 0.3}};
 
+// The sequences a run's rows use, together.
+SeqSet seqs_of(const Batch& b) {
+  SeqSet s = 0;
+  for (SeqSet x : b.seqs) s |= x;
+  return s;
+}
+
 TEST(StrategyPipeInfer, PipeInferSplitsWhenTheRunnerUpClearsPSplit) {
   // The runner-up reaches 0.4 only for the second token after the prompt.
   for (float p_split : {0.3f, 0.45f}) {
@@ -279,34 +293,45 @@ TEST(StrategyPipeInfer, PipeInferSplitsWhenTheRunnerUpClearsPSplit) {
     ASSERT_FALSE(spec.empty());
     const Batch& b = spec[0]->batch;
     const auto greedy = greedy_continuation(kPrompt, kTarget, 16);
+    EXPECT_FALSE(b.is_tree()) << "branches are told apart by their sequences";
     if (p_split > 0.4f) {
-      // No split: the chain goes on to four tokens.
-      EXPECT_FALSE(b.is_tree());
+      // No split: one branch, four tokens.
       EXPECT_EQ(b.size(), 4u);
+      EXPECT_EQ(std::popcount(seqs_of(b)), 1);
       continue;
     }
-    // The chain (three tokens) and the alternative at depth 1 fill the four slots, in DFS order.
-    ASSERT_TRUE(b.is_tree());
-    EXPECT_EQ(b.tokens, (std::vector<int32_t>{greedy[0], greedy[1], greedy[2], (greedy[1] + 1) % kVocab}));
-    EXPECT_EQ(b.parent, (std::vector<int32_t>{-1, 0, 1, 0}));
-    EXPECT_EQ(b.pos, (std::vector<int32_t>{L, L + 1, L + 2, L + 1}));
-    // The chain's first token is on both branches; the rest on one each, never the canonical one.
-    const SeqSet chain = b.seqs[1], alt = b.seqs[3];
-    EXPECT_EQ(std::popcount(chain), 1);
+    // The main branch's four tokens, then the new branch's: the runner-up at depth 1 and the
+    // draft's continuation of it; the first token, common to both, is one row in both sequences.
+    std::vector<int32_t> alt_path = kPrompt;
+    alt_path.push_back(greedy[0]);
+    alt_path.push_back((greedy[1] + 1) % kVocab);
+    const int32_t c2 = kTarget(alt_path);
+    alt_path.push_back(c2);
+    const int32_t c3 = kTarget(alt_path);
+    EXPECT_EQ(b.tokens, (std::vector<int32_t>{greedy[0], greedy[1], greedy[2], greedy[3], (greedy[1] + 1) % kVocab, c2, c3}));
+    EXPECT_EQ(b.pos, (std::vector<int32_t>{L, L + 1, L + 2, L + 3, L + 1, L + 2, L + 3}));
+    const SeqSet main = b.seqs[1], alt = b.seqs[4];
+    EXPECT_EQ(std::popcount(main), 1);
     EXPECT_EQ(std::popcount(alt), 1);
-    EXPECT_NE(chain, alt);
-    EXPECT_EQ(b.seqs[0], chain | alt);
-    EXPECT_EQ(b.seqs[2], chain);
-    EXPECT_EQ((chain | alt) & seq_bit(0), 0u);
+    EXPECT_NE(main, alt);
+    EXPECT_EQ(b.seqs[0], main | alt);
+    for (size_t i : {2u, 3u}) EXPECT_EQ(b.seqs[i], main);
+    for (size_t i : {5u, 6u}) EXPECT_EQ(b.seqs[i], alt);
+    EXPECT_EQ((main | alt) & seq_bit(0), 0u);
+    // Later runs continue both branches, each in its own sequence.
+    ASSERT_GE(spec.size(), 2u);
+    EXPECT_EQ(seqs_of(spec[1]->batch), main | alt);
     h.run_to_end(FakeHost::oldest_first());
     EXPECT_EQ(h.generated(), greedy);
     EXPECT_TRUE(h.errors().empty()) << h.errors().front();
   }
 }
 
-TEST(StrategyPipeInfer, PipeInferAcceptsAlongTheAlternativeAndCancelsRunsOnTheLosingBranch) {
-  // The draft's top token is wrong at the second position, its runner-up right: the first run's
-  // alternative wins, and every later run, built on the chain, is invalid.
+TEST(StrategyPipeInfer, PipeInferGoesOnAlongTheBranchTheTargetTakesWithoutDrainingThePipeline) {
+  // The draft's top token is wrong at the second position, its runner-up right: the branch
+  // that starts there wins, and since every run also carries its continuation, the target
+  // goes on with the runs already in flight: no run is cancelled and none restarts from the
+  // accepted tokens.
   FakeHost h = make_host(two_peaks(disagree_at(kTarget, {L + 1}, kVocab), 0.55f, 0.4f, {L + 1}), 16);
   auto params = kTreeParams;
   params["max_micro_batch"] = 3;
@@ -316,32 +341,77 @@ TEST(StrategyPipeInfer, PipeInferAcceptsAlongTheAlternativeAndCancelsRunsOnTheLo
   ASSERT_EQ(spec.size(), 3u);
   const auto greedy = greedy_continuation(kPrompt, kTarget, 16);
   const Batch& first = spec[0]->batch;
-  ASSERT_TRUE(first.is_tree());
-  EXPECT_EQ(first.tokens, (std::vector<int32_t>{greedy[0], (greedy[1] + 1) % kVocab, greedy[1]}));
-  EXPECT_EQ(first.parent, (std::vector<int32_t>{-1, 0, 0}));
-  const int alt_seq = std::countr_zero(first.seqs[2]);
-  // The later runs continue the chain, past the wrong token.
-  EXPECT_EQ(spec[1]->batch.pos[0], L + 2);
-  EXPECT_FALSE(spec[1]->batch.is_tree());
+  EXPECT_EQ(first.tokens[3], greedy[1]);  // the runner-up, on its own branch
+  EXPECT_EQ(first.tokens[4], greedy[2]);
+  const int main_seq = std::countr_zero(first.seqs[1]), alt_seq = std::countr_zero(first.seqs[3]);
+  EXPECT_NE(first.tokens[1], greedy[1]);
+  for (const LaunchRecord* r : spec) EXPECT_EQ(seqs_of(r->batch), seq_bit(main_seq) | seq_bit(alt_seq));
 
   h.settle_next(kTargetRole);  // the prompt: accepts greedy[0]
-  EXPECT_TRUE(h.events(EventKind::cancel).empty());
   const size_t before = h.events().size();
-  h.settle_next(kTargetRole);  // the tree: greedy[1] by the chain's first row, greedy[2] by the alternative's
-  EXPECT_EQ(h.generated(), (std::vector<int32_t>{greedy[0], greedy[1], greedy[2]}));
-  const auto cancels = h.events(EventKind::cancel, kTargetRole);
-  ASSERT_EQ(cancels.size(), 1u);
-  EXPECT_EQ(cancels[0].runs, (std::vector<uint64_t>{spec[1]->run, spec[2]->run}));
-  // The alternative's branch becomes canonical by a range copy.
-  bool copied = false;
-  for (size_t i = before; i < h.events().size(); ++i)
-    for (const KvOp& op : h.events()[i].ops)
-      copied = copied || op == KvOp{KvOpKind::copy, alt_seq, 0, L, L + 2};
+  h.settle_next(kTargetRole);  // greedy[1] by the common first row, then greedy[2] and greedy[3] along the branch
+  EXPECT_EQ(h.generated(), (std::vector<int32_t>{greedy[0], greedy[1], greedy[2], greedy[3]}));
+  bool copied = false, removed = false, relaunched = false;
+  for (size_t i = before; i < h.events().size(); ++i) {
+    const Event& e = h.events()[i];
+    relaunched = relaunched || (e.kind == EventKind::launch && e.role == kTargetRole && !h.launch_of(e.run).speculative);
+    for (const KvOp& op : e.ops) {
+      copied = copied || op == KvOp{KvOpKind::copy, alt_seq, 0, L, L + 3};  // the branch's cells become canonical
+      removed = removed || op == KvOp{KvOpKind::remove, main_seq, -1, -1, -1};  // the losing branch is freed
+    }
+  }
   EXPECT_TRUE(copied);
+  EXPECT_TRUE(removed);
+  EXPECT_FALSE(relaunched) << "the winning branch's next token was already in flight";
+  EXPECT_TRUE(h.events(EventKind::cancel, kTargetRole).empty());
 
   h.run_to_end(FakeHost::oldest_first());
   EXPECT_EQ(h.generated(), greedy);
-  EXPECT_TRUE(spec[1]->dropped && spec[2]->dropped);
+  EXPECT_TRUE(h.errors().empty()) << h.errors().front();
+}
+
+TEST(StrategyPipeInfer, PipeInferGivesALaunchedAlternativeUpForALikelierOneAndNeverUsesItsRows) {
+  // The draft is wrong about the second token and barely doubts it (runner-up, the target's
+  // token, at 0.15); it doubts the third more (0.4). With room for one alternative, the first
+  // run carries the weak one; the second round gives it up for the stronger one. When the
+  // target then takes the given-up branch's token, that branch's rows (right, but their
+  // sequence freed) must not be used: the token goes back in as a non-speculative run.
+  const Oracle draft = [](const std::vector<int32_t>& seen) {
+    const bool weak = seen.size() == size_t(L + 1), strong = seen.size() == size_t(L + 2);
+    const int32_t want = kTarget(seen), top = weak ? (want + 1) % kVocab : want;
+    const int32_t second = weak ? want : (top + 1) % kVocab;
+    const double p2 = weak ? 0.15 : strong ? 0.4 : 0.0, rest = (1.0 - 0.55 - p2) / (kVocab - 2);
+    std::vector<float> l(size_t(kVocab), float(std::log(rest)));
+    l[size_t(top)] = float(std::log(0.55));
+    if (p2 > 0) l[size_t(second)] = float(std::log(p2));
+    return l;
+  };
+  FakeHost h = make_host(draft, 16);
+  h.start("pipeinfer", {{"max_micro_batch", 2}, {"max_runs", 3}, {"p_accept", 0.5}, {"p_recovery", 0}, {"n_parallel", 2},
+                        {"p_split", 0.1}});
+  draft_all(h);
+  const auto spec = speculative_runs(h);
+  ASSERT_EQ(spec.size(), 2u);
+  const auto greedy = greedy_continuation(kPrompt, kTarget, 16);
+  const Batch& first = spec[0]->batch;
+  ASSERT_EQ(first.size(), 3u);
+  EXPECT_EQ(first.tokens[2], greedy[1]);  // the weak alternative, right
+  EXPECT_EQ(first.pos[2], L + 1);
+  const int weak_seq = std::countr_zero(first.seqs[2]);
+  EXPECT_EQ(seqs_of(spec[1]->batch) & seq_bit(weak_seq), 0u) << "the second run no longer extends it";
+  bool freed = false;
+  for (const Event& e : h.events(EventKind::kv_ops, kTargetRole))
+    for (const KvOp& op : e.ops) freed = freed || op == KvOp{KvOpKind::remove, weak_seq, -1, -1, -1};
+  EXPECT_TRUE(freed);
+
+  h.settle_next(kTargetRole);  // the prompt
+  h.settle_next(kTargetRole);  // the first run: greedy[1] from its first row, and no further
+  EXPECT_EQ(h.generated(), (std::vector<int32_t>{greedy[0], greedy[1]}));
+  const auto target = h.launches(kTargetRole);
+  ASSERT_FALSE(target.back()->speculative);
+  EXPECT_EQ(target.back()->batch.tokens, std::vector<int32_t>{greedy[1]});
+  h.run_to_end(FakeHost::oldest_first());
+  EXPECT_EQ(h.generated(), greedy);
   EXPECT_TRUE(h.errors().empty()) << h.errors().front();
 }
 
@@ -390,9 +460,9 @@ TEST(StrategyPipeInfer, PipeInferMatchesGreedyAndKeepsItsInvariantsInAnyDelivery
     ASSERT_EQ(h.generated(), greedy);
     ASSERT_TRUE(h.errors().empty()) << h.errors().front();
     if (!cancel) ASSERT_TRUE(cancels_while_generating(h).empty());
-    for (const LaunchRecord* r : h.launches(kTargetRole)) trees += r->batch.is_tree();
+    for (const LaunchRecord* r : h.launches(kTargetRole)) trees += std::popcount(seqs_of(r->batch)) > 1;
   }
-  EXPECT_GT(trees, 100) << "the trials must exercise tree runs";
+  EXPECT_GT(trees, 100) << "the trials must exercise runs with several branches";
 }
 
 }  // namespace

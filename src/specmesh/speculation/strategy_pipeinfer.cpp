@@ -1,31 +1,47 @@
 // PipeInfer: asynchronous, continuous speculation over a pipelined target.
 //
-// The newest accepted token is always in a target run in flight: a non-speculative run of
-// it (which writes straight into the canonical sequence 0 and always completes), unless a
-// valid speculative run already carries it, whose logits then serve just as well. Whenever
-// fewer than max_runs target runs are in flight, the head asks the draft pipeline for a
-// micro-batch of 1-4 tokens (as many as clear the confidence cutoff, at least one: an idle
-// pipeline is the worst use of it) continuing the speculative chain (accepted tokens followed by
-// the inputs of the valid runs in flight) and launches it as a speculative run in its own
-// KV sequence partition, which first borrows the canonical cells and the cells of the runs
-// it builds on (metadata copies, no data moves). Logits come back in launch order; each
-// run's rows are checked against the accepted sequence and extend it where its inputs
-// match. Runs that became invalid (an input or a token they build on was rejected) or
-// superfluous (everything they could predict is already known) are cancelled on the
-// priority path; their partitions are released by cache operations that travel in order
-// with the runs, so every stage's cache stays consistent.
+// The newest accepted token is always in a target run in flight: a non-speculative run of it
+// (which writes straight into the canonical sequence 0 and always completes), unless a
+// speculative run already carries it on a path the accepted tokens agree with, whose logits
+// then serve just as well. Whenever fewer than max_runs target runs are in flight, the head
+// asks the draft for a micro-batch of 1-4 tokens per speculative branch (as many as clear the
+// confidence cutoff, at least one: an idle pipeline is the worst use of it) and launches them
+// together as one speculative run. Logits come back in launch order;
+// each run's rows extend the accepted tokens where their paths agree with them. Runs whose
+// every row has become invalid (a token on its path was rejected) are cancelled on the
+// priority path.
 //
-// Multi-sequence speculation (n_parallel > 1): while the draft extends a micro-batch, a
-// candidate other than its top one whose probability exceeds p_split plus the cutoff's current
-// adjustment becomes an alternative branch: a single token beside the chain's token at that
-// depth, not drafted on further (keeping the draft pipeline on the one chain later runs
-// continue). Alternatives count against max_micro_batch, and a run has at most n_parallel
-// branches. The run then carries a small tree (the chain, then the alternatives by decreasing
-// depth: DFS pre-order, at positions p + depth), each alternative in a sequence of its own that
-// borrows the same cells as the chain's. Verification walks the tree: at each depth it follows
-// the node whose token was accepted there (greedy, or PipeInfer's sample-and-match at
-// temperature > 0: the target samples from the row it reached and the walk continues only on a
-// matching child); the accepted branch's cells become canonical by a range copy.
+// Branches (multi-sequence speculation). Every speculative branch is a path of tokens that
+// extends the accepted ones, with a KV sequence of its own (the same number in the target's and
+// the draft's caches) that holds the cells of its launched part: canonical cells and cells of
+// earlier runs are borrowed by range copies (metadata, no data moves) that travel in order with
+// the runs, so every stage's cache stays consistent. A run's rows are the branches' new tokens;
+// a row shared by several branches (a common prefix) is launched once, in all their sequences,
+// and a row attends to the cells of its sequences up to its position. That is how a branch
+// reaches across runs (an earlier run wrote its first tokens, a later run its continuation), so
+// the mask is the sequences' and not one run's DFS intervals. With n_parallel = 1 there is one
+// branch: a chain.
+//
+// Where branches start. While drafting the main branch the draft records its runner-up at
+// every position. An unverified position whose runner-up exceeds p_split plus the cutoff's
+// current adjustment is a candidate, worth the draft's probability of the main path up to it
+// times the runner-up's. The best candidates become branches while fewer than n_parallel are
+// alive, and replace a less likely alternative after that (its sequences are freed; its rows in
+// flight are never used again). Candidates behind the draft's frontier count: when the target
+// passes an alternative's position, the slot goes to the likeliest doubt still ahead. The draft
+// extends every branch in one batched draft run per step, each by at least one token and at
+// most max_micro_batch per run (twice that while an alternative is behind the main branch's
+// frontier, so it catches up). When the target rejects the main branch where an alternative
+// agreed, that alternative's continuation is already in flight and the pipeline does not
+// drain. This follows the artifact's parallel drafting sequences (its -np), with two
+// differences: the artifact caps a whole run at n_draft tokens, this caps each branch's part;
+// and it branches only at the draft's frontier.
+//
+// Verification walks the run's rows in any order: the row at the newest accepted position
+// whose path agrees with the accepted tokens yields the next token (greedy, or PipeInfer's
+// sample-and-match at temperature > 0: the target samples from that row, and the walk goes on
+// only where a row's path carries the sampled token). The accepted rows' cells become
+// canonical by a range copy; branches that disagree with the accepted tokens are freed.
 #include <algorithm>
 #include <cmath>
 #include <deque>
@@ -39,35 +55,53 @@ namespace {
 
 const char* const kDraftRole = "draft";
 
-struct RunInfo {
+// A speculative path: accepted tokens then drafted ones. Its sequence holds cells for
+// path[0, launched) (written, or in flight in runs launched earlier); the rest is drafted but
+// not launched yet.
+// The draft's cache has a sequence of the same number for the branch, holding its cells for
+// path[0, drafted).
+struct Branch {
   uint64_t id = 0;
-  int32_t p = 0;                // position of inputs[0]
-  std::vector<int32_t> inputs;
-  std::vector<int32_t> base;    // speculative tokens it builds on, positions [base_from, p)
-  int32_t base_from = 0;
-  int seq = 0;                  // 0: canonical (non-speculative run)
-  bool speculative = false;
-  // Alternatives to inputs[alt_depth[j]], each one leaf in its own sequence alt_seq[j]; with
-  // any, the batch is a tree whose rows are the chain's first, then alt_row[j].
-  std::vector<int32_t> alt_tok, alt_depth;
-  std::vector<int> alt_seq, alt_row;
-  int32_t end() const { return p + int32_t(inputs.size()); }
+  int seq = 0;
+  std::vector<int32_t> path;
+  int32_t launched = 0;
+  int32_t drafted = 0;
+  bool active = false;  // the draft extends it in the current round
+  // The draft's probability of each path token (1 for tokens it did not propose), and where
+  // the branch left its parent's path (-1: it is no one's alternative).
+  std::vector<float> prob;
+  int32_t split_at = -1;
+  // Per path position: the draft's runner-up there and its probability (-1: none recorded,
+  // or a branch already starts with it).
+  std::vector<int32_t> runner;
+  std::vector<float> runner_p;
+  void resize(size_t n) {
+    prob.resize(n, 1.0f);
+    runner.resize(n, -1);
+    runner_p.resize(n, 0.0f);
+  }
 };
 
-// A non-speculative run of the token at `pos`, straight into the canonical sequence.
-RunInfo plain(uint64_t id, int32_t pos, int32_t token) {
-  RunInfo r;
-  r.id = id;
-  r.p = r.base_from = pos;
-  r.inputs = {token};
-  return r;
-}
+// One row of a target run: the token at `pos`, on the path whose tokens from the run's `from`
+// up to `pos` are `path` (below `from` every path of the run agrees with the accepted tokens).
+struct Row {
+  int32_t pos = 0;
+  std::vector<int32_t> path;
+  // The branches the row was launched for, with their sequences (none: a non-speculative run).
+  std::vector<std::pair<uint64_t, int>> owners;
+};
+
+struct RunInfo {
+  uint64_t id = 0;
+  bool speculative = false;
+  int32_t from = 0;
+  std::vector<Row> rows;
+};
 
 class PipeInfer final : public Strategy {
  public:
   explicit PipeInfer(StrategyHost& h) : c_(h), cut_(p_accept_) {
-    const int seqs = 2 * max_runs_ + 2 + (n_parallel_ - 1) * (max_runs_ + 1);
-    for (int s = 1; s <= std::min(kMaxSeqs - 1, seqs); ++s) free_.push_back(s);
+    for (int s = 1; s <= std::min(kMaxSeqs - 1, n_parallel_ + 1); ++s) free_.push_back(s);
   }
 
   void start() override {
@@ -76,10 +110,14 @@ class PipeInfer final : public Strategy {
     const auto& prompt = c_.prompt();
     std::vector<int32_t> cached;
     const uint64_t id = feed(c_, target(), cached, prompt, 1);
-    const int32_t last = int32_t(prompt.size()) - 1;
-    inflight_.push_back(plain(id, last, prompt[last]));
-    canon_len_ = int32_t(prompt.size());
-    rebuild_chain();
+    inflight_.push_back(plain(id));
+    canon_len_ = accepted();
+    // The draft's canonical sequence 0 holds the prompt but its last token, which the first
+    // branch feeds for its logits.
+    std::vector<int32_t> draft_cached;
+    if (prompt.size() > 1) feed(c_, draft(), draft_cached, {prompt.begin(), prompt.end() - 1}, 0);
+    draft_canon_ = int32_t(draft_cached.size());
+    settle();
     pump();
   }
 
@@ -101,10 +139,9 @@ class PipeInfer final : public Strategy {
     RunInfo r = std::move(*it);
     inflight_.erase(it);
     burst_ = 0;
-    if (!verify_run(r, l)) return;  // generation over
-    if (c_.done()) return;
+    if (!verify(r, l)) return;  // generation over
     prune();
-    rebuild_chain();
+    settle();
     pump();
   }
 
@@ -113,274 +150,349 @@ class PipeInfer final : public Strategy {
   static const char* draft() { return kDraftRole; }
   int32_t accepted() const { return int32_t(c_.tokens().size()); }
 
-  // Whether the tokens a run's branch assumed (its base and inputs; branch -1 is the chain,
-  // j >= 0 alternative j) agree with what is accepted.
-  bool consistent(const RunInfo& r, int branch = -1) const {
+  // A non-speculative run of the newest accepted token, in the canonical sequence.
+  RunInfo plain(uint64_t id) const {
+    RunInfo r;
+    r.id = id;
+    r.from = accepted();
+    r.rows.push_back({accepted() - 1, {}, {}});
+    return r;
+  }
+
+  // Whether a row can still extend the accepted tokens: its path agrees with them where both
+  // are known, and a branch it was launched for is alive (a branch given up for a likelier one
+  // leaves rows whose sequence is gone).
+  bool agrees(const RunInfo& r, const Row& row) {
+    if (r.speculative && std::none_of(row.owners.begin(), row.owners.end(), [&](const auto& o) { return find(o.first); }))
+      return false;
     const auto& A = c_.tokens();
-    for (int32_t pos = r.base_from; pos < branch_end(r, branch) && pos < accepted(); ++pos) {
-      const int32_t t = pos < r.p ? r.base[pos - r.base_from] : token_at(r, branch, pos);
-      if (A[pos] != t) return false;
-    }
+    for (size_t k = 0; k < row.path.size() && r.from + int32_t(k) < accepted(); ++k)
+      if (A[size_t(r.from) + k] != row.path[k]) return false;
     return true;
   }
-
-  static constexpr int kNoBranch = -2;
-  static int32_t branch_end(const RunInfo& r, int branch) {
-    return branch < 0 ? r.end() : r.p + r.alt_depth[size_t(branch)] + 1;
-  }
-  static int32_t token_at(const RunInfo& r, int branch, int32_t pos) {
-    return pos + 1 == branch_end(r, branch) && branch >= 0 ? r.alt_tok[size_t(branch)] : r.inputs[pos - r.p];
-  }
-  static int branch_seq(const RunInfo& r, int branch) { return branch < 0 ? r.seq : r.alt_seq[size_t(branch)]; }
-
-  // The branch of a run the chain goes through: the first (the run's own chain first) that
-  // is still valid and agrees with the chain so far. When an alternative won, later runs build
-  // on it, so its cells must reach their partitions.
-  int followed(const RunInfo& r) const {
-    for (int j = -1; j < int(r.alt_tok.size()); ++j) {
-      if (!consistent(r, j)) continue;
-      bool agrees = true;
-      for (int32_t pos = r.p; pos < branch_end(r, j) && pos < int32_t(chain_.size()); ++pos)
-        agrees = agrees && chain_[pos] == token_at(r, j, pos);
-      if (agrees) return j;
-    }
-    return kNoBranch;
+  bool agrees(const Branch& b) const {
+    const auto& A = c_.tokens();
+    const size_t n = std::min(A.size(), b.path.size());
+    return std::equal(A.begin(), A.begin() + n, b.path.begin());
   }
 
-  // One past the last position whose token a valid branch of the run predicts; -1 if none is valid.
-  int32_t reach(const RunInfo& r) const {
-    int32_t best = -1;
-    for (int j = -1; j < int(r.alt_tok.size()); ++j)
-      if (consistent(r, j)) best = std::max(best, branch_end(r, j));
-    return best;
-  }
-
-  void release(const RunInfo& r, std::vector<KvOp>& ops) {
-    ops.push_back({KvOpKind::remove, r.seq, -1, -1, -1});
-    free_.push_back(r.seq);
-    for (int s : r.alt_seq) {
-      ops.push_back({KvOpKind::remove, s, -1, -1, -1});
-      free_.push_back(s);
-    }
-  }
-
-  // Uses a run's rows to extend the accepted sequence; false once generation is over.
-  bool verify_run(const RunInfo& r, const Logits& l) {
+  // Extends the accepted tokens with a run's rows; false once generation is over.
+  bool verify(const RunInfo& r, const Logits& l) {
     const int V = c_.vocab();
-    const size_t m = r.inputs.size();
-    std::vector<float> rows = rows_of(l, m + r.alt_tok.size(), V, r.id);
-    int matched = 0, gained = 0, branch = -1;
-    bool ok = r.p <= accepted() && reach(r) >= 0;
-    for (size_t i = 0; ok && i < m && branch < 0; ++i) {
-      const int32_t pos = r.p + int32_t(i);
-      if (pos >= accepted()) break;
-      size_t row = i;
-      if (c_.tokens()[pos] != r.inputs[i]) {
-        // Off the chain: an alternative at this depth may carry the accepted token.
-        for (size_t j = 0; j < r.alt_tok.size() && branch < 0; ++j)
-          if (r.alt_depth[j] == int32_t(i) && r.alt_tok[j] == c_.tokens()[pos]) branch = int(j);
-        if (branch < 0) break;
-        row = size_t(r.alt_row[size_t(branch)]);
-      }
+    const std::vector<float> logits = rows_of(l, r.rows.size(), V, r.id);
+    int gained = 0;
+    for (;;) {
+      const int32_t last = accepted() - 1;
+      auto row = std::find_if(r.rows.begin(), r.rows.end(), [&](const Row& x) { return x.pos == last && agrees(r, x); });
+      if (row == r.rows.end()) break;
+      ++gained;
+      if (!c_.accept(c_.sampler().sample(logits.data() + size_t(row - r.rows.begin()) * V, V))) break;
+    }
+    // The accepted rows' cells become canonical (they are in the sequence of every branch
+    // through them, and those branches are all alive: they agree with the accepted tokens).
+    int32_t upto = 0;
+    int src = 0;
+    int matched = 0;
+    for (const Row& row : r.rows) {
+      if (row.pos >= accepted() || !agrees(r, row)) continue;
       ++matched;
-      if (pos + 1 == accepted()) {
-        ++gained;
-        if (!c_.accept(c_.sampler().sample(rows.data() + row * V, V))) break;
+      if (row.pos + 1 > upto) {
+        upto = row.pos + 1;
+        for (const auto& [id, seq] : row.owners)
+          if (find(id)) src = seq;
       }
     }
     SpecMetrics& mt = c_.metrics();
     if (r.speculative) {
       ++mt.verifications;
-      mt.accepted += std::max(0, matched);
+      mt.accepted += matched;
     }
     if (gained == 0) ++mt.runs_wasted;
-    // The verified path of a speculative run becomes canonical (from the sequence of the
-    // branch it took); then the run's partition is freed.
-    if (r.seq != 0) {
-      std::vector<KvOp> ops;
-      const int32_t upto = r.p + matched;
-      if (ok && upto > canon_len_ && r.p <= canon_len_) {
-        ops.push_back({KvOpKind::copy, branch_seq(r, branch), 0, canon_len_, upto});
-        canon_len_ = upto;
-      }
-      release(r, ops);
-      if (!c_.done()) c_.kv_ops(target(), std::move(ops));
+    if (c_.done()) return false;
+    if (r.speculative && upto > canon_len_) {
+      c_.kv_ops(target(), {{KvOpKind::copy, src, 0, canon_len_, upto}});
+      canon_len_ = upto;
     }
-    return !c_.done();
+    return true;
   }
 
-  // Cancels runs that can no longer contribute.
+  // Cancels speculative runs none of whose rows agrees with the accepted tokens any more.
+  // (A row that agrees is never superfluous: each path's token at a position is launched once,
+  // so its logits are not known before its run returns.)
   void prune() {
+    if (!cancel_) return;
     std::vector<uint64_t> dropped;
-    std::vector<KvOp> ops;
-    for (auto it = inflight_.begin(); it != inflight_.end();) {
-      // A run is invalid once no branch agrees with the accepted tokens, superfluous once
-      // every valid branch's predictions are known.
-      const int32_t reach_to = reach(*it);
-      const bool invalid = reach_to < 0;
-      const bool superfluous = reach_to < accepted();
-      if (it->speculative && (invalid || superfluous) && cancel_) {
-        dropped.push_back(it->id);
-        release(*it, ops);
-        it = inflight_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    std::erase_if(inflight_, [&](const RunInfo& r) {
+      const bool dead = r.speculative && std::none_of(r.rows.begin(), r.rows.end(), [&](const Row& x) { return agrees(r, x); });
+      if (dead) dropped.push_back(r.id);
+      return dead;
+    });
     c_.cancel(target(), dropped);
+  }
+
+  // After the accepted tokens changed: frees the branches that disagree with them, makes sure
+  // the newest token is in flight, and gives every branch the cells of the accepted tokens.
+  void settle() {
+    const int32_t n = accepted();
+    std::vector<KvOp> ops, draft_ops;
+    bool changed = false;
+    std::erase_if(branches_, [&](const Branch& b) {
+      if (agrees(b)) return false;
+      // The draft's cells of the accepted part of its path become the draft's canonical ones.
+      const auto& A = c_.tokens();
+      const int32_t same = int32_t(std::mismatch(b.path.begin(), b.path.end(), A.begin(), A.end()).first - b.path.begin());
+      if (std::min(same, b.drafted) > draft_canon_) {
+        draft_ops.push_back({KvOpKind::copy, b.seq, 0, draft_canon_, std::min(same, b.drafted)});
+        draft_canon_ = std::min(same, b.drafted);
+      }
+      draft_ops.push_back({KvOpKind::remove, b.seq, -1, -1, -1});
+      ops.push_back({KvOpKind::remove, b.seq, -1, -1, -1});
+      free_.push_back(b.seq);
+      changed = true;
+      return true;
+    });
+    for (Branch& b : branches_) {
+      if (int32_t(b.path.size()) >= n) continue;
+      b.path = c_.tokens();
+      b.resize(b.path.size());
+      changed = true;
+    }
+    if (changed) drafting_ = false;  // the round's plan is stale; drafted tokens stay in the paths
+    if (!ops.empty()) c_.kv_ops(target(), std::move(ops));
+
+    // Who holds the cells of every accepted token: the canonical sequence, or a branch whose
+    // run in flight carries the newest one. Nobody: a non-speculative run of it.
+    int src = canon_len_ >= n ? 0 : -1;
+    for (const Branch& b : branches_)
+      if (src < 0 && b.launched >= n) src = b.seq;
+    if (src < 0) {
+      Batch batch;
+      batch.add(c_.tokens()[size_t(n) - 1], n - 1, seq_bit(0), true);
+      inflight_.push_back(plain(c_.launch(target(), batch, false)));
+      canon_len_ = n;
+      src = 0;
+    }
+    if (branches_.empty() && !free_.empty()) {
+      branches_.push_back(new_branch(c_.tokens()));
+      draft_ops.push_back({KvOpKind::copy, 0, branches_.back().seq, 0, draft_canon_});
+      branches_.back().drafted = draft_canon_;
+    }
+    if (!draft_ops.empty()) c_.kv_ops(draft(), std::move(draft_ops));
+    for (Branch& b : branches_) {
+      if (b.launched >= n) continue;
+      ops.push_back({KvOpKind::copy, src, b.seq, b.launched, n});
+      b.launched = n;
+    }
     if (!ops.empty()) c_.kv_ops(target(), std::move(ops));
   }
 
-  // The speculative chain: accepted tokens, then the inputs of valid runs beyond them.
-  void rebuild_chain() {
-    chain_ = c_.tokens();
-    for (const RunInfo& r : inflight_) {
-      if (!r.speculative || r.p > int32_t(chain_.size())) continue;
-      const int j = followed(r);
-      if (j == kNoBranch) continue;
-      for (int32_t pos = int32_t(chain_.size()); pos < branch_end(r, j); ++pos) chain_.push_back(token_at(r, j, pos));
-    }
-    // A draft micro-batch built on a chain that changed is stale.
-    const bool fresh = draft_ctx_.size() == chain_.size() + mb_.size() &&
-                       std::equal(chain_.begin(), chain_.end(), draft_ctx_.begin());
-    if (!fresh) drafting_ = false;
+  Branch new_branch(std::vector<int32_t> path) {
+    Branch b;
+    b.id = ++branch_ids_;
+    b.seq = free_.front();
+    free_.pop_front();
+    b.resize(path.size());
+    b.path = std::move(path);
+    return b;
   }
 
-  bool covered(int32_t pos) const {
-    for (const RunInfo& r : inflight_) {
-      if (pos >= r.p && pos < r.end() && consistent(r)) return true;
-      for (int j = 0; j < int(r.alt_tok.size()); ++j)
-        if (pos + 1 == branch_end(r, j) && consistent(r, j)) return true;
-    }
-    return false;
+  Branch* find(uint64_t id) {
+    auto it = std::find_if(branches_.begin(), branches_.end(), [&](const Branch& b) { return b.id == id; });
+    return it == branches_.end() ? nullptr : &*it;
   }
 
   void pump() {
-    if (c_.done()) return;
-    // The newest accepted token must be in flight: a non-speculative run if nothing covers it.
-    const int32_t last = accepted() - 1;
-    if (!covered(last) && canon_len_ <= last) {
-      Batch b;
-      b.add(c_.tokens()[last], last, seq_bit(0), true);
-      inflight_.push_back(plain(c_.launch(target(), b, false), last, c_.tokens()[last]));
-      canon_len_ = last + 1;
-      rebuild_chain();
-    }
-    if (!drafting_ && int(inflight_.size()) < max_runs_ && !free_.empty() &&
-        int(chain_.size()) - accepted() < max_runs_ * max_micro_batch_)
-      start_draft();
+    if (c_.done() || drafting_ || branches_.empty()) return;
+    const Branch& main = branches_.front();
+    if (int(inflight_.size()) < max_runs_ && main.launched - accepted() < max_runs_ * max_micro_batch_) start_round();
   }
 
-  void start_draft() {
+  // A drafting round: the draft extends every branch alive now, all in one draft run per
+  // step, until each has max_micro_batch tokens pending or its draft is no longer confident;
+  // then the run is launched.
+  void start_round() {
     drafting_ = true;
-    draft_ctx_ = chain_;
-    mb_.clear();
-    alt_tok_.clear();
-    alt_depth_.clear();
-    feed_draft();
+    branch_off();
+    round_main_ = branches_.front().id;
+    for (Branch& b : branches_) b.active = pending(b) < room(b);
+    draft_step();
   }
 
-  void feed_draft() {
-    awaited_draft_ = feed(c_, draft(), draft_cached_, sync_cache(c_, draft(), draft_cached_, draft_ctx_), 1);
+  int32_t pending(const Branch& b) const { return int32_t(b.path.size()) - b.launched; }
+  // The tokens a branch may add to one run: max_micro_batch, or twice that for an
+  // alternative still behind the main branch's frontier, so that it catches up.
+  int32_t room(const Branch& b) const {
+    return b.path.size() < branches_.front().path.size() ? 2 * max_micro_batch_ : max_micro_batch_;
+  }
+
+  // One draft run: every active branch's tokens the draft has not seen, with logits for the
+  // last (the draft's next token for it).
+  void draft_step() {
+    Batch batch;
+    std::vector<KvOp> ops;
+    step_.clear();
+    size_t room = size_t(std::max(1, c_.n_batch()));
+    for (Branch& b : branches_) {
+      if (!b.active || room == 0) continue;
+      const int32_t end = int32_t(b.path.size());
+      if (b.drafted >= end) {  // its last token's logits are wanted again: feed it once more
+        ops.push_back({KvOpKind::remove, b.seq, -1, end - 1, -1});
+        b.drafted = end - 1;
+      }
+      const int32_t upto = std::min(end, b.drafted + int32_t(room));
+      for (int32_t pos = b.drafted; pos < upto; ++pos) batch.add(b.path[size_t(pos)], pos, seq_bit(b.seq), pos + 1 == end);
+      room -= size_t(upto - b.drafted);
+      b.drafted = upto;
+      if (upto == end) step_.push_back({b.id, b.path.size()});
+    }
+    if (batch.size() == 0) {
+      drafting_ = false;
+      launch_speculative();
+      return pump();
+    }
+    if (!ops.empty()) c_.kv_ops(draft(), std::move(ops));
+    awaited_run_ = c_.launch(draft(), batch, false);
   }
 
   void on_draft(uint64_t run, const Logits& l) {
-    if (run != awaited_draft_) return;
-    if (!drafting_) return pump();  // the chain moved on while the draft worked
+    if (run != awaited_run_) return;
+    if (!drafting_) return pump();  // the accepted tokens moved on while the draft worked
     const int V = c_.vocab();
-    std::vector<float> row = rows_of(l, 1, V, run);
-    const float conf = top_probability(row.data(), V);
-    if (conf < cutoff() && mb_.empty()) {
-      // Speculation would yield nothing and the head would idle: loosen the cutoff and
-      // launch this one token anyway.
-      cut_ = std::max(0.0f, cut_ - p_decay_);
+    const std::vector<float> rows = rows_of(l, step_.size(), V, run);
+    for (size_t k = 0; k < step_.size(); ++k) {
+      Branch* b = find(step_[k].first);
+      if (!b || b->path.size() != step_[k].second) continue;
+      const float* row = rows.data() + k * size_t(V);
+      const float conf = top_probability(row, V);
+      // Every branch launches at least one token per run, so that a branch the target takes
+      // has its continuation in flight; only the main branch's doubt loosens the cutoff.
+      const bool must = pending(*b) == 0;
+      if (conf < cutoff() && must && b->id == round_main_) {
+        // Speculation would yield nothing and the head would idle: loosen the cutoff and
+        // launch this one token anyway.
+        cut_ = std::max(0.0f, cut_ - p_decay_);
+      }
+      if (conf < cutoff() && !must) {
+        b->active = false;
+        continue;
+      }
+      const int32_t top = Sampler::argmax(row, V);
+      int32_t alt = -1;
+      for (int t = 0; t < V; ++t)
+        if (t != top && (alt < 0 || row[t] > row[alt])) alt = t;
+      b->path.push_back(top);
+      b->prob.push_back(conf);
+      b->runner.push_back(alt);
+      b->runner_p.push_back(float(conf * std::exp(double(row[alt] - row[top]))));
+      b->active = pending(*b) < room(*b);
     }
-    if (conf >= cutoff() || mb_.empty()) {
-      const int32_t d = Sampler::argmax(row.data(), V);
-      mb_.push_back(d);
-      draft_ctx_.push_back(d);
-      split(row, d);
-      if (int(mb_.size() + alt_tok_.size()) < max_micro_batch_) return feed_draft();
-    }
-    drafting_ = false;
-    launch_speculative();
-    pump();
+    branch_off();
+    draft_step();
   }
 
-  // Adds the draft's best candidate other than `top` (just appended to the chain) as an
-  // alternative branch when it is likely enough and the run has room for it.
-  void split(const std::vector<float>& row, int32_t top) {
-    const size_t alts = alt_tok_.size();
-    if (int(alts) + 1 >= n_parallel_ || int(mb_.size() + alts) >= max_micro_batch_ || free_.size() < alts + 2) return;
-    const int V = c_.vocab();
-    int32_t alt = -1;
-    for (int t = 0; t < V; ++t)
-      if (t != top && (alt < 0 || row[size_t(t)] > row[size_t(alt)])) alt = t;
-    const float mx = row[size_t(top)];
-    double z = 0;
-    for (float x : row) z += std::exp(double(x - mx));
-    const double p_alt = std::exp(double(row[size_t(alt)] - mx)) / z;
-    // The same adjustment the confidence cutoff carries: stricter deep in a burst, looser after decay.
-    if (p_alt <= p_split_ + (cutoff() - p_accept_)) return;
-    alt_tok_.push_back(alt);
-    alt_depth_.push_back(int32_t(mb_.size()) - 1);
+  // How likely the draft thinks the target takes a branch: the product of its probabilities
+  // for the branch's tokens beyond the accepted ones, up to where it left its parent.
+  double value(const Branch& b) const {
+    double v = 1;
+    for (int32_t pos = accepted(); pos <= b.split_at && pos < int32_t(b.prob.size()); ++pos) v *= b.prob[size_t(pos)];
+    return v;
+  }
+
+  // Frees a branch: its sequences in both pipelines (in order with the runs that wrote them).
+  void drop(uint64_t id) {
+    auto it = std::find_if(branches_.begin(), branches_.end(), [&](const Branch& b) { return b.id == id; });
+    c_.kv_ops(target(), {{KvOpKind::remove, it->seq, -1, -1, -1}});
+    c_.kv_ops(draft(), {{KvOpKind::remove, it->seq, -1, -1, -1}});
+    free_.push_back(it->seq);
+    branches_.erase(it);
+  }
+
+  // Spends the branch budget where the draft doubts. Every token the draft put on the main
+  // branch and the target has not verified yet is a candidate: a branch that takes the
+  // draft's runner-up there, worth the draft's probability of the main path up to it times
+  // the runner-up's (which must exceed p_split plus the cutoff's adjustment: stricter deep in
+  // a burst, looser after decay). The best candidates become branches while fewer than
+  // n_parallel are alive, and replace less likely alternatives after that. Candidates behind
+  // the draft's frontier count too: when the target passes an alternative, its slot goes to
+  // the likeliest doubt still ahead, which the draft then extends.
+  void branch_off() {
+    const float threshold = p_split_ + (cutoff() - p_accept_);
+    for (;;) {
+      if (branches_.empty()) return;
+      const Branch& m = branches_.front();
+      int32_t best = -1;
+      double best_v = 0, path_p = 1;
+      for (int32_t q = accepted(); q < int32_t(m.path.size()); path_p *= m.prob[size_t(q)], ++q) {
+        const double v = path_p * m.runner_p[size_t(q)];
+        if (m.runner[size_t(q)] >= 0 && m.runner_p[size_t(q)] > threshold && v > best_v) best = q, best_v = v;
+      }
+      if (best < 0) return;
+      if (int(branches_.size()) >= n_parallel_) {
+        const Branch* victim = nullptr;
+        for (size_t i = 1; i < branches_.size(); ++i)
+          if (!victim || value(branches_[i]) < value(*victim)) victim = &branches_[i];
+        if (!victim || value(*victim) >= best_v) return;
+        drop(victim->id);
+      }
+      if (free_.empty()) return;
+      branch_at(best);
+    }
+  }
+
+  // A new branch: the main branch's path up to q, then the runner-up there.
+  void branch_at(int32_t q) {
+    Branch& m = branches_.front();
+    const int32_t alt = m.runner[size_t(q)];
+    m.runner[size_t(q)] = -1;  // taken
+    Branch c = new_branch({m.path.begin(), m.path.begin() + q});
+    c.prob.assign(m.prob.begin(), m.prob.begin() + q);
+    c.runner.assign(m.runner.begin(), m.runner.begin() + q);
+    c.runner_p.assign(m.runner_p.begin(), m.runner_p.begin() + q);
+    c.path.push_back(alt);
+    c.prob.push_back(m.runner_p[size_t(q)]);
+    c.runner.push_back(-1);
+    c.runner_p.push_back(0.0f);
+    c.split_at = q;
+    // It borrows the main branch's launched cells below q, and the draft's; the main branch's
+    // pending tokens below q become rows the next run shares.
+    c.launched = std::min(m.launched, q);
+    c.drafted = std::min(m.drafted, q);
+    c.active = drafting_ && pending(c) < room(c);
+    c_.kv_ops(target(), {{KvOpKind::copy, m.seq, c.seq, 0, c.launched}});
+    c_.kv_ops(draft(), {{KvOpKind::copy, m.seq, c.seq, 0, c.drafted}});
+    branches_.push_back(std::move(c));
   }
 
   // The draft confidence a token needs: the base cutoff plus the recovery factor for every
   // speculative run already launched since the last target result.
   float cutoff() const { return std::min(0.99f, cut_ + p_recovery_ * burst_); }
 
+  // Launches every branch's pending tokens as one run, a row shared by branches once.
   void launch_speculative() {
-    if (free_.empty() || draft_ctx_.size() != chain_.size() + mb_.size()) return;
     RunInfo r;
-    r.p = int32_t(chain_.size());
-    r.inputs = mb_;
-    r.base_from = accepted();
-    r.base.assign(chain_.begin() + r.base_from, chain_.end());
     r.speculative = true;
-    r.seq = free_.front();
-    free_.pop_front();
-    // At most one alternative per depth, drafted shallow to deep; deepest first after the
-    // chain is DFS pre-order. split() kept enough sequences free for them.
-    for (size_t j = alt_tok_.size(); j-- > 0;) {
-      r.alt_tok.push_back(alt_tok_[j]);
-      r.alt_depth.push_back(alt_depth_[j]);
-      r.alt_seq.push_back(free_.front());
-      r.alt_row.push_back(int(mb_.size() + r.alt_row.size()));
-      free_.pop_front();
-    }
-    // Every branch's partition sees the canonical cells and those of the runs it builds on.
-    std::vector<int> seqs = r.alt_seq;
-    seqs.insert(seqs.begin(), r.seq);
-    std::vector<KvOp> ops;
-    for (int s : seqs) ops.push_back({KvOpKind::copy, 0, s, -1, -1});
-    for (const RunInfo& dep : inflight_) {
-      if (!dep.speculative || dep.p >= r.p) continue;
-      const int j = consistent(dep) ? -1 : followed(dep);
-      if (j != kNoBranch && branch_end(dep, j) > canon_len_)
-        for (int s : seqs) ops.push_back({KvOpKind::copy, branch_seq(dep, j), s, -1, -1});
-    }
-    c_.kv_ops(target(), std::move(ops));
-    Batch b;
-    for (size_t i = 0; i < mb_.size(); ++i) {
-      // A chain token is on the chain and on every alternative that branches off deeper.
-      SeqSet s = seq_bit(r.seq);
-      for (size_t j = 0; j < r.alt_tok.size(); ++j)
-        if (r.alt_depth[j] > int32_t(i)) s |= seq_bit(r.alt_seq[j]);
-      b.add(mb_[i], r.p + int32_t(i), s, true);
-    }
-    if (!r.alt_tok.empty()) {
-      for (size_t i = 0; i < mb_.size(); ++i) b.parent.push_back(int32_t(i) - 1);
-      for (size_t j = 0; j < r.alt_tok.size(); ++j) {
-        b.add(r.alt_tok[j], r.p + r.alt_depth[j], seq_bit(r.alt_seq[j]), true);
-        b.parent.push_back(r.alt_depth[j] - 1);
+    r.from = accepted();
+    Batch batch;
+    const size_t cap = size_t(std::max(1, c_.n_batch()));
+    for (Branch& b : branches_) {
+      for (; b.launched < int32_t(b.path.size()) && r.rows.size() < cap; ++b.launched) {
+        const int32_t pos = b.launched;
+        std::vector<int32_t> path(b.path.begin() + r.from, b.path.begin() + pos + 1);
+        auto same = std::find_if(r.rows.begin(), r.rows.end(), [&](const Row& x) { return x.pos == pos && x.path == path; });
+        if (same != r.rows.end()) {
+          same->owners.push_back({b.id, b.seq});
+          batch.seqs[size_t(same - r.rows.begin())] |= seq_bit(b.seq);
+          continue;
+        }
+        batch.add(b.path[size_t(pos)], pos, seq_bit(b.seq), true);
+        r.rows.push_back({pos, std::move(path), {{b.id, b.seq}}});
       }
     }
-    r.id = c_.launch(target(), b, true);
-    c_.metrics().drafted += b.size();
+    if (r.rows.empty()) return;
+    r.id = c_.launch(target(), batch, true);
+    c_.metrics().drafted += int64_t(r.rows.size());
     inflight_.push_back(std::move(r));
     ++burst_;  // each further run in this burst needs more confidence (cutoff())
-    rebuild_chain();
   }
 
   StrategyHost& c_;
@@ -394,10 +506,16 @@ class PipeInfer final : public Strategy {
   const float p_split_ = c_.params().real("p_split");
   std::deque<RunInfo> inflight_;
   std::deque<int> free_;
-  std::vector<int32_t> chain_, draft_cached_, draft_ctx_, mb_, alt_tok_, alt_depth_;
-  int32_t canon_len_ = 0;
+  std::vector<Branch> branches_;  // the main branch first
+  uint64_t branch_ids_ = 0;
+  int32_t canon_len_ = 0;    // the target's sequence 0 holds the accepted tokens' cells up to here
+  int32_t draft_canon_ = 0;  // the draft's sequence 0 holds the accepted tokens' cells up to here
+  // The drafting round: its main branch, and the draft run awaited with the branches it
+  // answers for (branch id, path length asked about), in row order.
   bool drafting_ = false;
-  uint64_t awaited_draft_ = 0;
+  uint64_t round_main_ = 0;
+  std::vector<std::pair<uint64_t, size_t>> step_;
+  uint64_t awaited_run_ = 0;
   float cut_;
   int burst_ = 0;
 };
@@ -409,13 +527,14 @@ StrategyInfo strategy_info_pipeinfer() {
   s.name = "pipeinfer";
   s.summary = "PipeInfer: the newest accepted token is always in a run in flight (a non-speculative run of it, unless a valid speculative run already carries it); whenever fewer than "
               "`max_runs` target runs are in flight the draft pipeline proposes a micro-batch of 1-4 tokens, launched "
-              "as a speculative run in its own KV sequence partition (canonical sequence 0 holds accepted tokens); the "
+              "as a speculative run in its branch's KV sequence (canonical sequence 0 holds accepted tokens); the "
               "draft's confidence cutoff rises by `p_recovery` for every further speculative run in a burst and falls by "
               "`p_decay` when speculation would yield nothing, in which case the head launches the one token anyway "
-              "rather than let the pipeline idle; invalid or superfluous runs are cancelled on the priority path and "
-              "stages drop them, between layers if they have started; with `n_parallel` > 1 a non-top draft candidate "
-              "above `p_split` becomes a one-token alternative branch, so a run carries a small token tree verified "
-              "along whichever branch matches";
+              "rather than let the pipeline idle; runs whose every row was rejected are cancelled on the priority path and "
+              "stages drop them, between layers if they have started; with `n_parallel` > 1 up to that many branches "
+              "are alive: unverified draft tokens whose runner-up clears `p_split` start alternatives (the likeliest "
+              "first, replacing less likely ones), every run extends every branch, and a rejection that an alternative "
+              "foresaw does not drain the pipeline";
   s.roles = {kTargetRole, kDraftRole};
   s.params = {
       {"max_micro_batch", ParamType::Int, 1, 4, 4, "draft tokens per speculative run", {"--micro-batch"}},
@@ -424,7 +543,7 @@ StrategyInfo strategy_info_pipeinfer() {
       {"p_recovery", ParamType::Float, 0, 1, 0.05, "cutoff increase per speculative run in a burst", {"--p-recovery", "--pr"}},
       {"p_decay", ParamType::Float, 0, 1, 0.05, "cutoff decrease when speculation yields nothing", {"--p-decay", "--pd"}},
       {"cancel", ParamType::Bool, 0, 1, 1, "cancel invalid and superfluous runs early", {"--no-cancel"}},
-      {"n_parallel", ParamType::Int, 1, 8, 1, "most branches of one speculative run (1: chains)", {"--n-parallel"}},
+      {"n_parallel", ParamType::Int, 1, 8, 1, "most speculative branches alive at once (1: a chain)", {"--n-parallel"}},
       {"p_split", ParamType::Float, 0, 1, 0.8, "draft probability (plus the cutoff's adjustment) a non-top candidate needs to become a branch", {"--p-split", "--ps"}},
   };
   s.make = [](StrategyHost& h) { return std::make_unique<PipeInfer>(h); };
