@@ -79,6 +79,19 @@ TEST(Cli, InspectShowsArchitectureAndTensors) {
   EXPECT_NE(r.out.find("tokenizer: spm"), std::string::npos);
 }
 
+TEST(Cli, SamplingFlagsOutsideTheirRangeAreRefused) {
+  SPECMESH_REQUIRE_REFDATA();
+  for (const auto& [flag, what] : std::vector<std::pair<std::string, std::string>>{
+           {"--temp nan", "--temp"}, {"--temp inf", "--temp"}, {"--temp -1", "--temp"},
+           {"--top-p 7", "--top-p"}, {"--top-p nan", "--top-p"}, {"--min-p -1", "--min-p"},
+           {"--top-k -5", "--top-k"}, {"-t -3", "--threads"}, {"-c -5", "--ctx"}}) {
+    SCOPED_TRACE(flag);
+    auto r = run("generate -m " + refdata("gguf-models/stories260K.gguf") + " -p hi -n 4 " + flag);
+    EXPECT_NE(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find(what), std::string::npos) << r.out;
+  }
+}
+
 TEST(Cli, BadModelFileIsAClearError) {
   SPECMESH_REQUIRE_REFDATA();
   const std::string bad = testing::TempDir() + "/truncated.gguf";

@@ -206,6 +206,26 @@ TEST(Topology, ErrorsNameFileLineAndKey) {
             "t.toml:5: stages[0].device: names no device in [devices]: 'gpu'");
 }
 
+TEST(Topology, SamplingSettingsOutsideTheirRangeAreRefusedWithTheKey) {
+  auto err = [](const std::string& run) {
+    try {
+      Topology::parse("[models.t]\npath = \"x\"\n[run]\n" + run + "\n", "t.toml", "/");
+      return std::string("no error");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+  };
+  EXPECT_EQ(err("temperature = nan"), "t.toml:4: run.temperature: must be a finite number, not nan");
+  EXPECT_EQ(err("temperature = inf"), "t.toml:4: run.temperature: must be a finite number, not inf");
+  EXPECT_EQ(err("temperature = -1.0"), "t.toml:4: run.temperature: must not be negative");
+  EXPECT_EQ(err("top_k = -5"), "t.toml:4: run.top_k: must not be negative (0: off)");
+  EXPECT_EQ(err("top_p = 7.0"), "t.toml:4: run.top_p: must be between 0 and 1, not 7");
+  EXPECT_EQ(err("top_p = nan"), "t.toml:4: run.top_p: must be between 0 and 1, not nan");
+  EXPECT_EQ(err("min_p = -1.0"), "t.toml:4: run.min_p: must be between 0 and 1, not -1");
+  EXPECT_EQ(err("n_ctx = -5"), "t.toml:4: run.n_ctx: must not be negative (0: the model's own)");
+  EXPECT_EQ(err("temperature = 0.7\ntop_k = 40\ntop_p = 0.9\nmin_p = 0.05\nn_ctx = 256"), "no error");
+}
+
 TEST(Topology, FractionsResolveToContiguousRanges) {
   Topology t = Topology::parse(
       "[models.t]\npath = \"m.gguf\"\n[run]\n[devices.a]\n[devices.b]\n"

@@ -111,12 +111,12 @@ void register_generate(CLI::App& app) {
       ->check(CLI::IsMember(names));
   cmd->add_option("-p,--prompt", o->prompt, "prompt text");
   cmd->add_option("-n,--n-predict", o->n_predict, "tokens to generate")->check(CLI::PositiveNumber);
-  cmd->add_option("-t,--threads", o->threads, "compute threads (default: all cores)");
-  cmd->add_option("-c,--ctx", o->n_ctx, "context size in tokens (default: the model's, at most 4096)");
-  cmd->add_option("--temp", o->temp, "temperature; 0 is greedy")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--top-k", o->top_k, "keep the k most likely tokens (0: off)");
-  cmd->add_option("--top-p", o->top_p, "nucleus sampling threshold (1: off)");
-  cmd->add_option("--min-p", o->min_p, "drop tokens below min-p times the top probability");
+  cmd->add_option("-t,--threads", o->threads, "compute threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("-c,--ctx", o->n_ctx, "context size in tokens (default: the model's, at most 4096)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--temp", o->temp, "temperature; 0 is greedy")->check(finite_in(0, 1e6));
+  cmd->add_option("--top-k", o->top_k, "keep the k most likely tokens (0: off)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-p", o->top_p, "nucleus sampling threshold (1: off)")->check(finite_in(0, 1));
+  cmd->add_option("--min-p", o->min_p, "drop tokens below min-p times the top probability")->check(finite_in(0, 1));
   cmd->add_option("--seed", o->seed, "sampling seed (default: random)");
   o->params.add_to(*cmd);
   cmd->add_option("--metrics-csv", o->metrics_csv, "append a row of metrics to this CSV file");

@@ -1,10 +1,30 @@
 #include "specmesh/cli/params.hpp"
 
+#include <cmath>
+#include <sstream>
 #include <stdexcept>
 
 #include "specmesh/speculation/registry.hpp"
 
 namespace specmesh {
+
+CLI::Validator finite_in(double lo, double hi) {
+  auto check = [lo, hi](std::string& text) -> std::string {
+    double v = 0;
+    if (!CLI::detail::lexical_cast(text, v)) return "expected a number, not " + text;
+    if (!std::isfinite(v)) return "must be a finite number, not " + text;
+    if (!(v >= lo && v <= hi)) {
+      std::ostringstream o;
+      o << "must be between " << lo << " and " << hi << ", not " << text;
+      return o.str();
+    }
+    return {};
+  };
+  std::ostringstream d;
+  d << "FINITE in [" << lo << " - " << hi << "]";
+  return CLI::Validator(check, d.str());
+}
+
 
 namespace {
 const ParamSpec& spec_of(const std::string& name) {

@@ -14,6 +14,10 @@
 
 namespace specmesh {
 
+// A CLI11 check for a finite number in [lo, hi]. CLI11's own Range and NonNegativeNumber let
+// nan through (every comparison with it is false).
+CLI::Validator finite_in(double lo, double hi);
+
 class ParamOptions {
  public:
   // Adds --param and every parameter's flags to `cmd`.

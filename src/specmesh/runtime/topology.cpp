@@ -176,7 +176,19 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
     s.seed = get<uint64_t>(e, r, "run.", "seed", 0);
     s.metrics_csv = resolve_path(base_dir, get<std::string>(e, r, "run.", "metrics_csv", ""));
     if (s.n_predict <= 0) e.fail(r.get("n_predict"), "run.n_predict", "must be positive");
-    if (s.temperature < 0) e.fail(r.get("temperature"), "run.temperature", "must not be negative");
+    // NaN passes every comparison, so each range is checked as "inside", never as "not outside".
+    auto number = [](float v) {
+      std::ostringstream o;
+      o << v;
+      return o.str();
+    };
+    if (!std::isfinite(s.temperature))
+      e.fail(r.get("temperature"), "run.temperature", "must be a finite number, not " + number(s.temperature));
+    if (!(s.temperature >= 0)) e.fail(r.get("temperature"), "run.temperature", "must not be negative");
+    if (!(s.top_k >= 0)) e.fail(r.get("top_k"), "run.top_k", "must not be negative (0: off)");
+    if (!(s.top_p >= 0 && s.top_p <= 1)) e.fail(r.get("top_p"), "run.top_p", "must be between 0 and 1, not " + number(s.top_p));
+    if (!(s.min_p >= 0 && s.min_p <= 1)) e.fail(r.get("min_p"), "run.min_p", "must be between 0 and 1, not " + number(s.min_p));
+    if (!(s.n_ctx >= 0)) e.fail(r.get("n_ctx"), "run.n_ctx", "must not be negative (0: the model's own)");
     if (const toml::node* p = r.get("params")) {
       line_of(p, "run.params");
       for (const auto& [k, v] : table_at(e, *p, "run.params")) {
