@@ -272,9 +272,14 @@ TEST(AlspecActors, PacedStagesOverlapHitLayers) {
   const double hit = paced_token_ms("emulate_hit_rate = 1.0", true);
   const double miss = paced_token_ms("force_miss = true", true);
   const double plain = paced_token_ms("", false);
-  EXPECT_NEAR(hit, 2 + n * 6.0, 0.1 * n * 6.0);
-  EXPECT_NEAR(miss, 2 + n * 10.0, 0.1 * n * 10.0);
-  EXPECT_NEAR(plain, 2 + n * 10.0, 0.1 * n * 10.0);
+  // Pacing is a floor (a token never takes less than its profile); above it, load on the
+  // shared cores only adds, so the overlap is checked as a ratio within the same run.
+  EXPECT_GE(hit, 0.95 * (2 + n * 6.0));
+  EXPECT_GE(miss, 0.95 * (2 + n * 10.0));
+  EXPECT_GE(plain, 0.95 * (2 + n * 10.0));
+  EXPECT_LT(hit / miss, 0.8) << "hit layers overlap: expected about " << (2 + n * 6.0) / (2 + n * 10.0);
+  EXPECT_NEAR(plain / miss, 1.0, 0.2);
+  EXPECT_LT(hit, 1.5 * (2 + n * 6.0));
 }
 
 TEST(AlspecActors, EmulatedHitPatternGivesRoundedCount) {
