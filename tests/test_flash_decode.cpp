@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "specmesh/kernels/attention.hpp"
 #include "specmesh/kernels/flash_decode.hpp"
 #include "specmesh/kernels/matmul.hpp"
 #include "specmesh/kernels/thread_pool.hpp"
@@ -352,8 +351,9 @@ TEST_F(FlashDecodeTest, SpeculativeOutputIsReadyBeforeTheMiddle) {
   }
 }
 
-// A rejected speculation must reproduce plain decoding: per-head attention() and the
-// non-speculative flash_decode give the speculative kernel's full output bit for bit.
+// A rejected speculation must reproduce plain decoding: each head on its own (as a batch row
+// of the forward pass computes it) and the non-speculative flash_decode give the speculative
+// kernel's full output bit for bit.
 TEST_F(FlashDecodeTest, PlainAttentionEqualsSpeculativeFullOutput) {
   ThreadPool two(2);
   for (const std::string& isa : isas()) {
@@ -366,9 +366,11 @@ TEST_F(FlashDecodeTest, PlainAttentionEqualsSpeculativeFullOutput) {
       const size_t D = c.hs.head_dim;
       const int group = c.hs.n_head / c.hs.n_head_kv;
       std::vector<float> plain(r.full.size()), layer(r.full.size());
-      for (int h = 0; h < c.hs.n_head; ++h)
-        attention(p.q.data() + h * D, p.kv(), size_t(h / group) * D, int(D), p.scale, p.cells.data(), p.n,
-                  plain.data() + h * D, cfg.layout);
+      for (int h = 0; h < c.hs.n_head; ++h) {
+        const size_t off = size_t(h / group) * D;
+        flash_decode(p.q.data() + h * D, HeadShape{1, 1, int(D)}, p.scale, KvRows{p.kv().k + off, p.kv().v + off, p.kv().row_stride},
+                     p.cells.data(), p.n, plain.data() + h * D, cfg.layout);
+      }
       flash_decode(p.q.data(), c.hs, p.scale, p.kv(), p.cells.data(), p.n, layer.data(), cfg.layout);
       EXPECT_TRUE(same_bits(plain, r.full)) << isa << " n=" << c.n;
       EXPECT_TRUE(same_bits(layer, r.full)) << isa << " n=" << c.n;

@@ -69,17 +69,14 @@ constexpr size_t kSmallWork = size_t(1) << 16;
 
 bool use_pool(ThreadPool* pool, size_t work) { return pool != nullptr && pool->size() > 1 && work >= kSmallWork; }
 
-// Runs fn(i) for i in [0, count): contiguous ranges per thread, or all here.
+// Runs fn(i) for i in [0, count): over the pool, or all here.
 template <class Fn>
 void run_each(size_t count, bool threaded, ThreadPool* pool, const Fn& fn) {
-  if (!threaded) {
-    for (size_t i = 0; i < count; ++i) fn(i);
-    return;
-  }
-  pool->run([&](int ith, int nth) {
-    const size_t b = count * size_t(ith) / size_t(nth), e = count * size_t(ith + 1) / size_t(nth);
+  auto range = [&](size_t b, size_t e) {
     for (size_t i = b; i < e; ++i) fn(i);
-  });
+  };
+  if (threaded) pool->parallel_for(count, range);
+  else range(0, count);
 }
 
 // Writes normalised o / l to out (zeros for an empty partial).
@@ -230,11 +227,6 @@ void flash_decode(const float* q, const HeadShape& hs, float scale, const KvRows
   check_shape(hs);
   decode_heads(q, hs.n_head, hs.n_head / hs.n_head_kv, kv, 0, hs.head_dim, scale, cells, n, out, nullptr, layout,
                pool);
-}
-
-void flash_decode_head(const float* q, const KvRows& kv, size_t kv_off, int head_dim, float scale,
-                       const int32_t* cells, size_t n, float* out, const FlashLayout& layout) {
-  decode_heads(q, 1, 1, kv, kv_off, head_dim, scale, cells, n, out, nullptr, layout, nullptr);
 }
 
 bool spec_accept(float d2, float n2, float lambda) { return d2 < lambda * lambda * n2; }

@@ -18,8 +18,9 @@
 //
 // Determinism. The key ranges depend only on n and the layout; each partial is computed by
 // one thread with a fixed order; partials are merged in slot order by one routine. So the
-// result does not depend on the thread count, and plain attention (flash_decode, or
-// attention() per head) gives bit for bit the full output of speculative_flash_decode.
+// result does not depend on the thread count, nor on which heads go through one call (a head
+// alone, a KV head's group, or the whole layer), and plain flash_decode gives bit for bit the
+// full output of speculative_flash_decode.
 #pragma once
 
 #include <cstddef>
@@ -92,14 +93,11 @@ void flash_partial(const float* q, int n_q, int group, const KvRows& kv, size_t 
 void flash_combine(const FlashPartials& p, size_t s0, size_t s1, int h, float* o, float& m, float& l);
 
 // Full attention of one decode token, every head of one layer: q holds n_head * head_dim
-// values, out the same. Partials are split across `pool` (nullptr: this thread only).
+// values, out the same. Partials are split across `pool` (nullptr: this thread only). For a
+// subset of heads, point q, out and the KV rows at them and pass their shape: each head's
+// result is the same as in the whole layer.
 void flash_decode(const float* q, const HeadShape& hs, float scale, const KvRows& kv, const int32_t* cells,
                   size_t n, float* out, const FlashLayout& layout = {}, ThreadPool* pool = nullptr);
-
-// The same for one query head reading the KV head at offset kv_off of each row; this thread only
-// (plain attention, see attention.hpp).
-void flash_decode_head(const float* q, const KvRows& kv, size_t kv_off, int head_dim, float scale,
-                       const int32_t* cells, size_t n, float* out, const FlashLayout& layout = {});
 
 struct SpecConfig {
   FlashLayout layout;

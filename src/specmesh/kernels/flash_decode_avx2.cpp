@@ -11,18 +11,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "specmesh/kernels/avx2_reduce.hpp"
 #include "specmesh/kernels/flash_decode.hpp"
 
 namespace specmesh::detail {
 
 namespace {
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using avx2::hsum;
 
 // Four accumulators over 8-float blocks, then a scalar tail.
 inline float dot(const float* a, const float* b, int n) {

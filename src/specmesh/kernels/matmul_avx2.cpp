@@ -15,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "specmesh/kernels/avx2_reduce.hpp"
 #include "specmesh/kernels/ggml_types.hpp"
 #include "specmesh/kernels/matmul_impl.hpp"
 
@@ -25,14 +26,9 @@ void quantize_act_avx2(const float* x, size_t cols, ActQ8* out);
 
 namespace {
 
-using TileFn = void (*)(const Problem&, size_t r, size_t t);
+using avx2::hsum;
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using TileFn = void (*)(const Problem&, size_t r, size_t t);
 
 inline float half(uint16_t h) { return _cvtsh_ss(h); }
 

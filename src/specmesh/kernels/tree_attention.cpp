@@ -137,7 +137,7 @@ class IntervalMask {
     uint32_t b = 0;
     for (size_t c = 0; c < n_keys; ++c) {
       const TreeSpan kj = spans_[j0 + c];
-      b |= uint32_t(kj.start <= qi.start && qi.end <= kj.end) << c;
+      b |= uint32_t(tree_sees(qi, kj)) << c;
     }
     return b;
   }
@@ -290,7 +290,7 @@ std::vector<uint8_t> dense_tree_mask(const TreeSpan* spans, size_t n) {
   std::vector<uint8_t> mask(n * n);
   for (size_t i = 0; i < n; ++i)
     for (size_t j = 0; j < n; ++j)
-      mask[i * n + j] = spans[j].start <= spans[i].start && spans[i].end <= spans[j].end;
+      mask[i * n + j] = tree_sees(spans[i], spans[j]);
   return mask;
 }
 

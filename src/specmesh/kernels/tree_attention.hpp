@@ -9,7 +9,7 @@
 // the FlashSpecInfer paper (+1 on entry and on exit) works as well. The mask state is two
 // int32 per node plus the prefix length, instead of the N x N mask of SpecInfer.
 //
-// Both kernels walk query tiles x key tiles with online-softmax partials (as attention.hpp).
+// Both kernels walk query tiles x key tiles with online-softmax partials (as flash_decode.hpp).
 // tree_attention() classifies each tree tile from the interval bounds of its queries and
 // keys: skipped (no key can be an ancestor of any query), taken whole (every key is visible
 // to every query) or tested key by key. tree_attention_dense() is the same kernel driven by a
@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "specmesh/kernels/attention.hpp"
+#include "specmesh/kernels/flash_decode.hpp"
 
 namespace specmesh {
 
@@ -31,6 +31,10 @@ struct TreeSpan {
   int32_t start;
   int32_t end;
 };
+
+// Whether node `key` is an ancestor of node `query`, or the node itself: its interval holds
+// the query's.
+inline bool tree_sees(const TreeSpan& query, const TreeSpan& key) { return key.start <= query.start && query.end <= key.end; }
 
 // One tree-attention call. Keys and values: cells[0, n_prefix) are the prefix rows,
 // cells[n_prefix, n_prefix + n_tree) the rows of tree nodes 0..n_tree-1 (DFS pre-order);

@@ -11,28 +11,18 @@
 #include <algorithm>
 #include <cmath>
 
+#include "specmesh/kernels/avx2_reduce.hpp"
 #include "specmesh/kernels/tree_attention.hpp"
 
 namespace specmesh::tree_attn_detail {
 
 namespace {
 
+using avx2::hmax;
+using avx2::hsum;
+
 constexpr size_t kB = kTreeKeyTile;
 constexpr int kRows = 6;
-
-inline float hmax(__m256 v) {
-  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-  x = _mm_max_ss(x, _mm_movehdup_ps(x));
-  return _mm_cvtss_f32(x);
-}
-
-inline float hsum(__m256 v) {
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  x = _mm_add_ss(x, _mm_movehdup_ps(x));
-  return _mm_cvtss_f32(x);
-}
 
 // 2^x for x <= 0, exactly 0 below -126 (so -inf, a masked score, gives 0). 2^x = 2^n * 2^f
 // with n = round(x), |f| <= 1/2, and 2^f from its Taylor series to degree 6 (relative error

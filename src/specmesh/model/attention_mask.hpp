@@ -38,7 +38,7 @@ class AttentionMask {
 
   // Query i sees key j (both tree nodes): j is i or one of its ancestors.
   bool sees(size_t i, size_t j) const {
-    return spans_[j].start <= spans_[i].start && spans_[i].end <= spans_[j].end;
+    return tree_sees(spans_[i], spans_[j]);
   }
   // Bytes of mask state (the O(N) claim, measurable).
   size_t bytes() const { return spans_.size() * sizeof(TreeSpan) + sizeof(prefix_); }

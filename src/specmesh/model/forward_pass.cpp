@@ -4,7 +4,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "specmesh/kernels/attention.hpp"
+#include "specmesh/kernels/flash_decode.hpp"
 #include "specmesh/kernels/matmul.hpp"
 #include "specmesh/kernels/ops.hpp"
 #include "specmesh/kernels/quant.hpp"
@@ -38,7 +38,8 @@ ForwardPass::ForwardPass(Context& ctx, const Batch& batch, const float* hidden_i
       // Tree batches are checked (DFS pre-order, positions prefix + depth) before cells are claimed.
       mask_(batch_.is_tree() ? AttentionMask::tree(batch_.parent, batch_.pos) : AttentionMask{}),
       slots_(ctx.kv().place(batch_)),
-      visible_(ctx.kv(), batch_, slots_, mask_, ctx.views_) {
+      visible_(ctx.kv(), batch_, slots_, mask_, ctx.views_),
+      kv_used_(ctx.kv().used()) {
   const size_t n = batch_.size(), E = ctx.model().hparams().n_embd;
   x_.resize(n * E);
   if (ctx.layer_begin() > 0) {
@@ -60,7 +61,12 @@ void ForwardPass::pre_attention(int il) {
   const int D = hp.head_dim;
   ThreadPool& pool = ctx_.pool();
 
-  std::vector<float> h(n * E), k(n * KV), v(n * KV);
+  std::vector<float>& h = h_;
+  std::vector<float>& k = k_;
+  std::vector<float>& v = v_;
+  h.resize(n * E);
+  k.resize(n * KV);
+  v.resize(n * KV);
   q_.resize(n * Q);
   for (size_t i = 0; i < n; ++i) rmsnorm(x_.data() + i * E, w.attn_norm, h.data() + i * E, E, hp.rms_eps);
   matmul(w.wq, h.data(), n, q_.data(), pool);
@@ -91,43 +97,44 @@ SpecCheck ForwardPass::attention(int il, float* full, float* spec, const SpecCon
   const KvRows rows{ctx_.kv().k(il), ctx_.kv().v(il), KV};
   const float scale = 1.0f / std::sqrt(float(D));
   const int group = hp.n_head / hp.n_head_kv;
-
-  if (cfg) {
-    if (n != 1 || visible_.per_head() || !spec)
-      throw std::invalid_argument("speculative attention needs one token, one cell list and a spec buffer");
-    std::vector<int32_t> cells;
-    visible_.cells(0, il, 0, cells);
-    return speculative_flash_decode(q_.data(), HeadShape{hp.n_head, hp.n_head_kv, D}, scale, rows, cells.data(),
-                                    cells.size(), full, spec, *cfg, &ctx_.pool(), spec_ready);
-  }
-
   const FlashLayout& layout = ctx_.attention_layout();
+
   // A decode step whose heads read one cell list: every head in one flash decode, split over
-  // the pool by KV chunks. Bit for bit what the per-head path below gives (the kernels' tests
-  // hold them equal), so a token's result still does not depend on its batch.
+  // the pool by KV chunks. The list is the same in every layer (a view that varies by layer or
+  // head is per_head()), so it is built once per pass.
   if (n == 1 && !visible_.per_head()) {
-    thread_local std::vector<int32_t> cells;
-    visible_.cells(0, il, 0, cells);
-    flash_decode(q_.data(), HeadShape{hp.n_head, hp.n_head_kv, D}, scale, rows, cells.data(), cells.size(), full,
-                 layout, &ctx_.pool());
+    if (!step_cells_built_) visible_.cells(0, il, 0, step_cells_);
+    step_cells_built_ = true;
+    const HeadShape shape{hp.n_head, hp.n_head_kv, D};
+    if (cfg) {
+      if (!spec) throw std::invalid_argument("speculative attention needs a spec buffer");
+      return speculative_flash_decode(q_.data(), shape, scale, rows, step_cells_.data(), step_cells_.size(), full, spec,
+                                      *cfg, &ctx_.pool(), spec_ready);
+    }
+    flash_decode(q_.data(), shape, scale, rows, step_cells_.data(), step_cells_.size(), full, layout, &ctx_.pool());
     return {};
   }
+  if (cfg) throw std::invalid_argument("speculative attention needs one token and one cell list");
 
-  // One (token, KV head) pair per work item: its cell list is built once for the query heads
-  // of its group. Each item is computed the same way whatever the split.
-  const size_t items = n * hp.n_head_kv;
+  // One work item per token, or per (token, KV head) when a view gives heads their own cells:
+  // a cell list is built once for every query head that reads it, and those heads go through
+  // one flash decode (each head is computed the same way whatever the grouping, so a token's
+  // result does not depend on its batch).
+  const int kv_heads = visible_.per_head() ? 1 : hp.n_head_kv;
+  const size_t items = n * size_t(hp.n_head_kv / kv_heads);
   auto work = [&](size_t b, size_t e) {
     thread_local std::vector<int32_t> cells;
     for (size_t it = b; it < e; ++it) {
-      const size_t i = it / hp.n_head_kv;
-      const int kvh = int(it % hp.n_head_kv);
+      const size_t first = it * size_t(kv_heads), i = first / hp.n_head_kv;
+      const int kvh = int(first % hp.n_head_kv);
       visible_.cells(i, il, kvh, cells);
-      for (int hh = kvh * group; hh < (kvh + 1) * group; ++hh)
-        specmesh::attention(q_.data() + i * Q + hh * D, rows, size_t(kvh) * D, D, scale, cells.data(), cells.size(),
-                            full + i * Q + hh * D, layout);
+      const size_t off = i * Q + size_t(kvh) * group * D;
+      flash_decode(q_.data() + off, HeadShape{kv_heads * group, kv_heads, D}, scale,
+                   KvRows{rows.k + kvh * D, rows.v + kvh * D, rows.row_stride}, cells.data(), cells.size(), full + off,
+                   layout, nullptr);
     }
   };
-  if (items * size_t(ctx_.kv().used()) * group * D < 32768) work(0, items);
+  if (n * hp.n_head_kv * size_t(kv_used_) * group * D < 32768) work(0, items);
   else ctx_.pool().parallel_for(items, work);
   return {};
 }
@@ -139,7 +146,14 @@ void ForwardPass::post_attention(int il, const float* att) {
   ThreadPool& pool = ctx_.pool();
   float* x = x_.data();
 
-  std::vector<float> h(n * E), proj(n * E), gate(n * F), up(n * F);
+  std::vector<float>& h = h_;
+  std::vector<float>& proj = proj_;
+  std::vector<float>& gate = gate_;
+  std::vector<float>& up = up_;
+  h.resize(n * E);
+  proj.resize(n * E);
+  gate.resize(n * F);
+  up.resize(n * F);
   matmul(w.wo, att, n, proj.data(), pool);
   for (size_t i = 0; i < n * E; ++i) x[i] += proj[i];
 

@@ -65,8 +65,14 @@ class ForwardPass {
   AttentionMask mask_;
   std::vector<int32_t> slots_;
   Visibility visible_;
+  const int kv_used_;  // cells in use, sizing the attention work (the pass's cells included)
   std::vector<float> x_, q_;
   int q_layer_ = -1;  // the layer q_ belongs to
+  // A decode step's cell list, built at its first attention and read by every layer.
+  std::vector<int32_t> step_cells_;
+  bool step_cells_built_ = false;
+  // Per-layer scratch, sized once for the batch.
+  std::vector<float> h_, k_, v_, proj_, gate_, up_;
 };
 
 }  // namespace specmesh

@@ -21,7 +21,8 @@ class KvView {
   // for (layer, kv_head), in the same order. A view keeps the query's own cell.
   virtual void select(const KvCache& kv, int layer, int kv_head, int32_t query_pos,
                       std::vector<int32_t>& cells) const = 0;
-  // Whether select depends on kv_head (the head then builds a list per KV head).
+  // Whether select depends on the layer or kv_head (attention then builds a list per layer and
+  // KV head; otherwise one list serves every layer and head of a decode step).
   virtual bool per_head() const { return false; }
 };
 

@@ -26,14 +26,14 @@ class Visibility {
   // The cells token i reads in `layer` for KV head `kv_head`, in cell order (the order the
   // attention kernel accumulates in, so a token's result does not depend on its batch).
   void cells(size_t i, int layer, int kv_head, std::vector<int32_t>& out) const;
-  // Whether lists differ per KV head for some token (otherwise one list serves all heads).
+  // Whether lists differ per layer or KV head for some token (otherwise one list serves all).
   bool per_head() const { return per_head_; }
 
  private:
   const KvCache& kv_;
   const Batch& batch_;
   const AttentionMask& mask_;
-  std::vector<int32_t> batch_index_;       // per cell: the batch token placed there, or -1
+  std::vector<int32_t> batch_index_;       // tree batches: per cell, the batch token placed there, or -1
   std::vector<const KvView*> view_of_;     // per token, or null: every visible cell
   bool per_head_ = false;
 };
