@@ -75,6 +75,10 @@ struct Branch {
   // or a branch already starts with it).
   std::vector<int32_t> runner;
   std::vector<float> runner_p;
+  // The draft's logits after path[0, next_for), kept when a round stopped on them, so the next
+  // round uses them instead of feeding the last token again.
+  std::vector<float> next;
+  size_t next_for = 0;
   void resize(size_t n) {
     prob.resize(n, 1.0f);
     runner.resize(n, -1);
@@ -328,6 +332,15 @@ class PipeInfer final : public Strategy {
   // One draft run: every active branch's tokens the draft has not seen, with logits for the
   // last (the draft's next token for it).
   void draft_step() {
+    bool reused = false;
+    for (Branch& b : branches_) {
+      if (!b.active || b.next_for != b.path.size() || b.next.empty()) continue;
+      const std::vector<float> row = std::move(b.next);
+      b.next.clear();
+      take(b, row.data());
+      reused = true;
+    }
+    if (reused) branch_off();
     Batch batch;
     std::vector<KvOp> ops;
     step_.clear();
@@ -359,35 +372,40 @@ class PipeInfer final : public Strategy {
     if (!drafting_) return pump();  // the accepted tokens moved on while the draft worked
     const int V = c_.vocab();
     const std::vector<float> rows = rows_of(l, step_.size(), V, run);
-    for (size_t k = 0; k < step_.size(); ++k) {
-      Branch* b = find(step_[k].first);
-      if (!b || b->path.size() != step_[k].second) continue;
-      const float* row = rows.data() + k * size_t(V);
-      const float conf = top_probability(row, V);
-      // Every branch launches at least one token per run, so that a branch the target takes
-      // has its continuation in flight; only the main branch's doubt loosens the cutoff.
-      const bool must = pending(*b) == 0;
-      if (conf < cutoff() && must && b->id == round_main_) {
-        // Speculation would yield nothing and the head would idle: loosen the cutoff and
-        // launch this one token anyway.
-        cut_ = std::max(0.0f, cut_ - p_decay_);
-      }
-      if (conf < cutoff() && !must) {
-        b->active = false;
-        continue;
-      }
-      const int32_t top = Sampler::argmax(row, V);
-      int32_t alt = -1;
-      for (int t = 0; t < V; ++t)
-        if (t != top && (alt < 0 || row[t] > row[alt])) alt = t;
-      b->path.push_back(top);
-      b->prob.push_back(conf);
-      b->runner.push_back(alt);
-      b->runner_p.push_back(float(conf * std::exp(double(row[alt] - row[top]))));
-      b->active = pending(*b) < room(*b);
-    }
+    for (size_t k = 0; k < step_.size(); ++k)
+      if (Branch* b = find(step_[k].first); b && b->path.size() == step_[k].second) take(*b, rows.data() + k * size_t(V));
     branch_off();
     draft_step();
+  }
+
+  // The draft's logits after a branch's whole path: its next token, unless the draft's doubt
+  // ends the branch's part of this round.
+  void take(Branch& b, const float* row) {
+    const int V = c_.vocab();
+    const float conf = top_probability(row, V);
+    // Every branch launches at least one token per run, so that a branch the target takes
+    // has its continuation in flight; only the main branch's doubt loosens the cutoff.
+    const bool must = pending(b) == 0;
+    if (conf < cutoff() && must && b.id == round_main_) {
+      // Speculation would yield nothing and the head would idle: loosen the cutoff and
+      // launch this one token anyway.
+      cut_ = std::max(0.0f, cut_ - p_decay_);
+    }
+    if (conf < cutoff() && !must) {
+      b.active = false;
+      b.next.assign(row, row + V);
+      b.next_for = b.path.size();
+      return;
+    }
+    const int32_t top = Sampler::argmax(row, V);
+    int32_t alt = -1;
+    for (int t = 0; t < V; ++t)
+      if (t != top && (alt < 0 || row[t] > row[alt])) alt = t;
+    b.path.push_back(top);
+    b.prob.push_back(conf);
+    b.runner.push_back(alt);
+    b.runner_p.push_back(float(conf * std::exp(double(row[alt] - row[top]))));
+    b.active = pending(b) < room(b);
   }
 
   // How likely the draft thinks the target takes a branch: the product of its probabilities
