@@ -48,9 +48,12 @@
 #include "specmesh/speculation/strategy.hpp"
 #include "specmesh/topology.hpp"
 
+#include "bench_util.hpp"
+
 namespace {
 
 using namespace specmesh;
+using bench::median;
 
 constexpr int64_t K = 1024;
 constexpr int64_t kContexts[] = {1 * K, 32 * K, 64 * K, 96 * K, 128 * K};
@@ -280,10 +283,6 @@ int run_cpu(int context, int tokens, double lambda, int rounds) {
     std::printf("round %d: ar %.1f tok/s, alspec %.1f tok/s (x%.3f), all rejected x%.3f, in sequence x%.3f\n", r + 1,
                 1 / ar.token_s, 1 / al.token_s, speedup.back(), miss_ratio.back(), seq_ratio.back());
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   const size_t bytes = (size_t(hp.n_embd) + 2 * size_t(hp.kv_dim()) + size_t(hp.q_dim())) * sizeof(float);
   std::printf("medians over %d rounds, against ar on one device (mean %.1f tok/s):\n", rounds, 1 / ar_s);
   std::printf("  alspec (2 devices), lambda %.2f: x%.3f (mean %.1f tok/s), hit rate %.1f %%\n", lambda, median(speedup),

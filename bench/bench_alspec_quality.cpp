@@ -57,20 +57,12 @@ struct Tally {
 double pct(long a, long b) { return b ? 100.0 * double(a) / double(b) : 0.0; }
 
 std::vector<int32_t> pair_greedy(AlspecPair& pair, const std::vector<int32_t>& prompt, int n, Tally& t) {
-  const int V = pair.device(0).model().hparams().n_vocab;
-  std::vector<float> logits = pair.prefill(prompt);
-  std::vector<int32_t> out;
-  int32_t pos = int32_t(prompt.size());
-  for (int i = 0; i < n; ++i) {
-    out.push_back(Sampler::argmax(logits.data(), V));
-    if (i + 1 == n) break;
-    AlspecToken tok = pair.decode(out.back(), pos++);
+  std::vector<int32_t> out = pair.greedy(prompt, n, [&](const AlspecToken& tok, int32_t, int32_t) {
     for (size_t il = 0; il < tok.hits.size(); ++il) {
       t.speculated += !tok.checks[il].exact;
       t.hits += tok.hits[il] && !tok.checks[il].exact;
     }
-    logits = std::move(tok.logits);
-  }
+  });
   for (int d = 0; d < 2; ++d) {
     const AlspecWork& w = pair.work(d);
     t.skipped += w.pre_skipped + w.post_skipped;

@@ -25,20 +25,17 @@
 #include "specmesh/kernels/matmul.hpp"
 #include "specmesh/kernels/thread_pool.hpp"
 
+#include "bench_util.hpp"
+
 namespace {
 
 using namespace specmesh;
+using bench::median;
+using bench::pool;
 
 constexpr HeadShape kShape{32, 8, 128};
 constexpr size_t kContexts[] = {4096, 8192, 16384, 32768};
 constexpr size_t kMaxContext = 32768;
-
-ThreadPool& pool(int n) {
-  static std::map<int, std::unique_ptr<ThreadPool>> pools;
-  auto& p = pools[n];
-  if (!p) p = std::make_unique<ThreadPool>(n);
-  return *p;
-}
 
 // One layer's KV cache at the largest context (shorter contexts use its first rows) and one
 // token's queries.
@@ -114,18 +111,13 @@ void run_once(Variant v, size_t n, ThreadPool& tp, Outputs& out) {
   benchmark::ClobberMemory();
 }
 
-void bench(benchmark::State& state, Variant v, size_t n, int threads) {
+void measure(benchmark::State& state, Variant v, size_t n, int threads) {
   ThreadPool& tp = pool(threads);
   Outputs out;
   for (auto _ : state) run_once(v, n, tp, out);
   const double kv_bytes = 2.0 * double(n) * double(data().stride) * sizeof(float);
   state.counters["GB/s"] = benchmark::Counter(double(state.iterations()) * kv_bytes / 1e9, benchmark::Counter::kIsRate);
   state.SetLabel(matmul_isa());
-}
-
-double median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  return x[x.size() / 2];
 }
 
 // Interleaved timing: each round runs every variant once, in an order that rotates per round.
@@ -169,7 +161,7 @@ void register_all() {
         benchmark::RegisterBenchmark(
             (std::string("flash_decode/") + name(v) + "/ctx:" + std::to_string(n) + "/threads:" + std::to_string(threads))
                 .c_str(),
-            [=](benchmark::State& s) { bench(s, v, n, threads); })
+            [=](benchmark::State& s) { measure(s, v, n, threads); })
             ->UseRealTime()
             ->Unit(benchmark::kMillisecond);
 }

@@ -20,9 +20,12 @@
 #include "specmesh/kernels/quant.hpp"
 #include "specmesh/kernels/thread_pool.hpp"
 
+#include "bench_util.hpp"
+
 namespace {
 
 using namespace specmesh;
+using bench::pool;
 
 constexpr size_t kRows = 5632, kCols = 2048;
 
@@ -30,13 +33,6 @@ size_t cold_bytes() {
   const char* env = std::getenv("SPECMESH_BENCH_MB");
   const size_t mb = env != nullptr ? std::strtoull(env, nullptr, 10) : 512;
   return std::max<size_t>(mb, 1) << 20;
-}
-
-ThreadPool& pool(int n) {
-  static std::map<int, std::unique_ptr<ThreadPool>> pools;
-  auto& p = pools[n];
-  if (!p) p = std::make_unique<ThreadPool>(n);
-  return *p;
 }
 
 // One type's weights at a time (the cold set is large): copy 0 is quantised from Gaussian

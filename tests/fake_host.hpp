@@ -164,4 +164,14 @@ class FakeHost final : public StrategyHost {
   bool done_ = false;
 };
 
+// The scripted setup the strategy tests share: a 32-token vocabulary, a short prompt, a target
+// whose next token hashes what it has seen, and the draft's role name.
+namespace scripted {
+constexpr int kVocab = 32;
+inline const char* const kDraft = "draft";
+inline const std::vector<int32_t> kPrompt = {3, 1, 4, 1, 5};
+inline const int32_t L = int32_t(kPrompt.size());
+inline const NextToken kTarget = history_hash(kVocab);
+}  // namespace scripted
+
 }  // namespace specmesh::test

@@ -166,24 +166,6 @@ std::vector<int32_t> plain_greedy(const Model& m, const std::vector<int32_t>& pr
   return greedy_ids(ctx, prompt, n, true);
 }
 
-// Greedy decoding through the pair; each decode step's result, input token and position are
-// passed to `each`.
-template <class Each>
-std::vector<int32_t> pair_greedy(AlspecPair& pair, const std::vector<int32_t>& prompt, int n, const Each& each) {
-  const int V = pair.device(0).model().hparams().n_vocab;
-  std::vector<float> logits = pair.prefill(prompt);
-  std::vector<int32_t> out;
-  int32_t pos = int32_t(prompt.size());
-  for (int i = 0; i < n; ++i) {
-    out.push_back(Sampler::argmax(logits.data(), V));
-    if (i + 1 == n) break;
-    AlspecToken t = pair.decode(out.back(), pos);
-    each(t, out.back(), pos++);
-    logits = std::move(t.logits);
-  }
-  return out;
-}
-
 // Both devices' caches hold the same K/V rows in every used cell of every layer.
 void expect_same_caches(AlspecPair& pair) {
   KvCache& a = pair.device(0).kv();
@@ -265,7 +247,7 @@ TEST(AlspecPair, LambdaZeroDecodesExactlyAsPlainGreedy) {
       const auto want = plain_greedy(*nm.model, nm.prompt, kTokens, cfg.layout);
       AlspecPair pair(*nm.model, {.spec = cfg, .n_ctx = 256});
       int speculated = 0;
-      const auto got = pair_greedy(pair, nm.prompt, kTokens, [&](const AlspecToken& t, int32_t, int32_t pos) {
+      const auto got = pair.greedy(nm.prompt, kTokens, [&](const AlspecToken& t, int32_t, int32_t pos) {
         for (size_t il = 0; il < t.hits.size(); ++il) {
           EXPECT_EQ(bool(t.hits[il]), t.checks[il].exact) << "lambda 0 accepts only exact steps";
           speculated += !t.checks[il].exact;
@@ -288,7 +270,7 @@ TEST(AlspecPair, ForcedMissesDecodeExactlyAsPlainGreedy) {
     const auto want = plain_greedy(*nm.model, nm.prompt, kTokens, cfg.layout);
     AlspecPair pair(*nm.model, {.spec = cfg, .n_ctx = 256});
     pair.set_verdict([](int, const SpecCheck&) { return false; });
-    const auto got = pair_greedy(pair, nm.prompt, kTokens, [&](const AlspecToken& t, int32_t, int32_t) {
+    const auto got = pair.greedy(nm.prompt, kTokens, [&](const AlspecToken& t, int32_t, int32_t) {
       EXPECT_EQ(t.holder, 0) << "device 0 stays the sender on misses";
     });
     EXPECT_EQ(got, want);
@@ -334,7 +316,7 @@ TEST(AlspecPair, LargeLambdaHitsAlternatesRolesAndKeepsDevicesInSync) {
     prefill(ref.ctx, nm.prompt, 0, 256);
     int sender = pair.gate(0).sender();  // device 0 sends at the first attention
     int speculated = 0;
-    const auto got = pair_greedy(pair, nm.prompt, kTokens, [&](const AlspecToken& t, int32_t token, int32_t pos) {
+    const auto got = pair.greedy(nm.prompt, kTokens, [&](const AlspecToken& t, int32_t token, int32_t pos) {
       for (int il = 0; il < L; ++il) {
         EXPECT_TRUE(t.hits[il]) << "layer " << il << " at " << pos + 1 << " keys";
         speculated += !t.checks[il].exact;
@@ -367,7 +349,7 @@ TEST(AlspecPair, LargeLambdaTextIsPlainUntil2SAndReadable) {
   const SpecConfig cfg = spec_config(16, 10.0f);
   const auto plain = plain_greedy(*m, prompt, 60, cfg.layout);
   AlspecPair pair(*m, {.spec = cfg, .n_ctx = 256});
-  const auto got = pair_greedy(pair, prompt, 60, [](const AlspecToken&, int32_t, int32_t) {});
+  const auto got = pair.greedy(prompt, 60);
   // Speculation starts at 2S = 32 keys, so the first tokens are plain decoding's.
   const size_t exact = 32 - prompt.size();
   EXPECT_TRUE(std::equal(plain.begin(), plain.begin() + exact, got.begin()));

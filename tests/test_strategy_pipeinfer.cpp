@@ -12,15 +12,9 @@
 
 using namespace specmesh;
 using namespace specmesh::test;
+using namespace specmesh::test::scripted;
 
 namespace {
-
-constexpr int kVocab = 32;
-const char* const kDraft = "draft";
-const std::vector<int32_t> kPrompt = {3, 1, 4, 1, 5};
-const int32_t L = int32_t(kPrompt.size());
-
-const NextToken kTarget = history_hash(kVocab);
 
 FakeHost make_host(const Oracle& draft, int n_predict, bool cancel_too_late = false) {
   FakeHost h(kPrompt, {.vocab = kVocab, .n_predict = n_predict, .cancel_too_late = cancel_too_late});

@@ -11,13 +11,9 @@
 
 using namespace specmesh;
 using namespace specmesh::test;
+using namespace specmesh::test::scripted;
 
 namespace {
-
-constexpr int kVocab = 32;
-const std::vector<int32_t> kPrompt = {3, 1, 4, 1, 5};
-const int32_t L = int32_t(kPrompt.size());
-const NextToken kTarget = history_hash(kVocab);
 
 // A draft whose best guess is wrong and whose second guess is the target's token, so the
 // target's path runs through second children only.

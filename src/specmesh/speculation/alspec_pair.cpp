@@ -61,4 +61,20 @@ AlspecToken AlspecPair::decode(int32_t token, int32_t pos) {
   return out;
 }
 
+std::vector<int32_t> AlspecPair::greedy(const std::vector<int32_t>& prompt, int n, const Step& each) {
+  const int V = model_.hparams().n_vocab;
+  std::vector<float> logits = prefill(prompt);
+  std::vector<int32_t> out;
+  int32_t pos = int32_t(prompt.size());
+  for (int i = 0; i < n; ++i) {
+    out.push_back(Sampler::argmax(logits.data(), V));
+    if (i + 1 == n) break;
+    AlspecToken t = decode(out.back(), pos);
+    if (each) each(t, out.back(), pos);
+    ++pos;
+    logits = std::move(t.logits);
+  }
+  return out;
+}
+
 }  // namespace specmesh

@@ -57,6 +57,11 @@ class AlspecPair {
   // One decode token at `pos` of sequence 0.
   AlspecToken decode(int32_t token, int32_t pos);
 
+  // Greedy decoding: prefill, then n tokens (stop tokens ignored); each decode step's result,
+  // input token and position go to `each`.
+  using Step = std::function<void(const AlspecToken& result, int32_t token, int32_t pos)>;
+  std::vector<int32_t> greedy(const std::vector<int32_t>& prompt, int n, const Step& each = {});
+
   void set_verdict(AlspecVerdict verdict) { verdict_ = std::move(verdict); }
 
   const AlspecParams& params() const { return params_; }
