@@ -23,7 +23,7 @@ struct ParamSpec {
   double fallback = 0;              // the default (Bool: 0 or 1)
   std::string help;                 // one line
   std::vector<std::string> flags;   // CLI aliases ("--pa"); for a Bool, the flag sets !default
-  std::vector<int> fallback_list;   // IntList: the default (empty: not set)
+  std::vector<int> fallback_list{};  // IntList: the default (empty: not set)
   size_t max_len = 0;               // IntList: most elements
 
   ParamValue default_value() const;
