@@ -13,7 +13,6 @@ namespace specmesh {
 
 namespace {
 
-const char* const kDraftRole = "draft";
 
 // Draft k tokens (fewer when the draft's confidence drops below p_accept), verify them in one
 // target batch: greedy matching, or exact stochastic verification at temperature > 0.
@@ -94,10 +93,10 @@ class Speculative final : public Strategy {
   uint64_t awaited_target_ = 0, awaited_draft_ = 0;
 };
 
-// Roles of the extra drafts a tree may merge: draft2, draft3, ...
+// The draft roles the setup has: draft, then draft2, draft3, ... while they exist.
 std::vector<std::string> draft_roles(const StrategyHost& h) {
   std::vector<std::string> roles = {kDraftRole};
-  for (int i = 2; h.has_role("draft" + std::to_string(i)); ++i) roles.push_back("draft" + std::to_string(i));
+  while (h.has_role(draft_role(int(roles.size())))) roles.push_back(draft_role(int(roles.size())));
   return roles;
 }
 
@@ -171,7 +170,6 @@ class TreeSpeculative final : public Strategy {
         if (!leaf_seq_[size_t(layout_.parents[k])]) leaf_seq_[size_t(layout_.parents[k])] = leaf_seq_[k];
       }
     }
-    n_branches_ = seq;
     for (size_t k = 0; k < n; ++k) {
       b.add(layout_.tokens[k], tree_pos_ + layout_.depths[k], seqs[k], true);
       b.parent.push_back(layout_.parents[k] < 0 ? int32_t(lead) - 1 : int32_t(lead) + layout_.parents[k]);
@@ -187,9 +185,9 @@ class TreeSpeculative final : public Strategy {
     if (h_.sampler().greedy()) {
       v = verify_tree_greedy(layout_.tokens, layout_.parents, rows.data(), h_.vocab());
     } else {
-      std::vector<std::vector<float>> p;
-      for (size_t i = 0; i <= n; ++i) p.push_back(h_.sampler().distribution(rows.data() + i * h_.vocab(), h_.vocab()));
-      v = verify_tree_proposals(tree_, layout_, p, h_.sampler());
+      const int V = h_.vocab();
+      auto target = [&](size_t row, std::vector<float>& out) { out = h_.sampler().distribution(rows.data() + row * V, V); };
+      v = verify_tree_proposals(tree_, layout_, target, h_.sampler());
     }
     std::vector<int32_t> accepted;
     for (int k : v.path) accepted.push_back(layout_.tokens[size_t(k)]);
@@ -198,7 +196,7 @@ class TreeSpeculative final : public Strategy {
     std::vector<KvOp> ops = {{KvOpKind::remove, 0, -1, tree_pos_, -1}};
     if (!v.path.empty())
       ops.push_back({KvOpKind::copy, leaf_seq_[size_t(v.path.back())], 0, tree_pos_, tree_pos_ + int32_t(v.path.size())});
-    for (int s = 1; s <= n_branches_; ++s) ops.push_back({KvOpKind::remove, s, -1, -1, -1});
+    ops.push_back({KvOpKind::keep, 0, -1, -1, -1});  // every branch sequence goes, in one sweep
     h_.kv_ops(kTargetRole, std::move(ops));
     target_cached_.insert(target_cached_.end(), accepted.begin(), accepted.end());
     for (TreeDrafter& d : drafters_) d.commit(accepted);
@@ -219,7 +217,6 @@ class TreeSpeculative final : public Strategy {
   TokenTree tree_;
   TokenTree::Layout layout_;
   std::vector<int> leaf_seq_;  // per layout node: a branch sequence through it
-  int n_branches_ = 0;
   int32_t tree_pos_ = 0;
   std::vector<int32_t> target_cached_;
   uint64_t awaited_ = 0;
@@ -248,7 +245,7 @@ StrategyInfo strategy_info_spec() {
     const std::vector<int>& tree = p.list("tree");
     if (tree.empty()) return;
     size_t drafts = 1;
-    while (setup.roles.count("draft" + std::to_string(drafts + 1))) ++drafts;
+    while (setup.roles.count(draft_role(int(drafts)))) ++drafts;
     const size_t nodes = expansion_size(tree), budget = size_t(p.integer("tree_nodes"));
     size_t leaves = 1;
     for (int w : tree) leaves = std::min<size_t>(leaves * size_t(w), 1 << 20);

@@ -15,13 +15,11 @@ TreeDrafter::TreeDrafter(StrategyHost& host, std::string role, int draft_id, std
       draft_id_(draft_id),
       widths_(std::move(widths)),
       max_nodes_(size_t(std::max(1, max_nodes))),
-      p_accept_(p_accept),
-      sampler_(host.sampler().params()) {}
+      p_accept_(p_accept) {}
 
 void TreeDrafter::start() {
   tree_ = TokenTree{};
   seq_of_.clear();
-  fed_.clear();
   frontier_.clear();
   next_seq_ = 1;
   awaited_ = feed(h_, role_, cached_, sync_cache(h_, role_, cached_, h_.tokens()), 1);
@@ -53,18 +51,21 @@ void TreeDrafter::expand(const std::vector<int32_t>& parents, const std::vector<
     // The children: the top tokens, or draws without replacement from the draft's distribution.
     std::vector<int32_t> picks;
     std::shared_ptr<const std::vector<float>> q;
-    if (h_.sampler().greedy()) {
-      std::vector<int32_t> ids(static_cast<size_t>(V));
-      std::iota(ids.begin(), ids.end(), 0);
-      const size_t n = std::min(want, ids.size());
-      std::partial_sort(ids.begin(), ids.begin() + n, ids.end(),
+    if (h_.sampler().greedy() && want == 1) {
+      picks.push_back(Sampler::argmax(row, V));
+    } else if (h_.sampler().greedy()) {
+      ids_.resize(size_t(V));
+      std::iota(ids_.begin(), ids_.end(), 0);
+      const size_t n = std::min(want, ids_.size());
+      std::partial_sort(ids_.begin(), ids_.begin() + n, ids_.end(),
                         [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
-      picks.assign(ids.begin(), ids.begin() + n);
+      picks.assign(ids_.begin(), ids_.begin() + n);
     } else {
-      q = std::make_shared<const std::vector<float>>(sampler_.distribution(row, V));
+      q = std::make_shared<const std::vector<float>>(h_.sampler().distribution(row, V));
       std::vector<float> left = *q;
-      for (size_t j = 0; j < want; ++j) {
-        if (std::none_of(left.begin(), left.end(), [](float v) { return v > 0; })) break;
+      // Each draw zeroes one token with mass; none left ends the draws.
+      size_t with_mass = size_t(std::count_if(left.begin(), left.end(), [](float v) { return v > 0; }));
+      for (size_t j = 0; j < want && with_mass > 0; ++j, --with_mass) {
         const int32_t x = h_.sampler().sample_from(left);
         picks.push_back(x);
         left[size_t(x)] = 0.0f;
@@ -80,7 +81,6 @@ void TreeDrafter::expand(const std::vector<int32_t>& parents, const std::vector<
       else if (j > 0) ops.push_back({KvOpKind::copy, seq_of_[size_t(u)], seq, 0, pos});
       const int32_t id = tree_.add(u, picks[j], {draft_id_, q ? draft_id_ : -1, q, int(j)});
       seq_of_.resize(tree_.size(), 0);
-      fed_.resize(tree_.size(), 0);
       seq_of_[size_t(id)] = seq;
       if (depth + 1 < widths_.size()) next.push_back(id);
     }
@@ -92,10 +92,8 @@ void TreeDrafter::expand(const std::vector<int32_t>& parents, const std::vector<
     return;
   }
   Batch b;
-  for (int32_t c : frontier_) {
+  for (int32_t c : frontier_)
     b.add(tree_.node(size_t(c)).token, base_ + tree_.node(size_t(c)).depth, seq_bit(seq_of_[size_t(c)]), true);
-    fed_[size_t(c)] = 1;
-  }
   awaited_ = h_.launch(role_, b, false);
 }
 
@@ -104,14 +102,14 @@ void TreeDrafter::commit(const std::vector<int32_t>& accepted) {
   size_t m = 0;
   for (int32_t t : accepted) {
     const auto& kids = at < 0 ? tree_.roots() : tree_.node(size_t(at)).children;
-    auto it = std::find_if(kids.begin(), kids.end(), [&](int32_t c) { return tree_.node(size_t(c)).token == t && fed_[size_t(c)]; });
+    auto it = std::find_if(kids.begin(), kids.end(), [&](int32_t c) { return tree_.node(size_t(c)).token == t && fed(c); });
     if (it == kids.end()) break;
     at = *it;
     ++m;
   }
   std::vector<KvOp> ops;
   if (m > 0) ops.push_back({KvOpKind::copy, seq_of_[size_t(at)], 0, base_, base_ + int32_t(m)});
-  for (int s = 1; s < next_seq_; ++s) ops.push_back({KvOpKind::remove, s, -1, -1, -1});
+  if (next_seq_ > 1) ops.push_back({KvOpKind::keep, 0, -1, -1, -1});  // every branch sequence goes, in one sweep
   if (!ops.empty()) h_.kv_ops(role_, std::move(ops));
   cached_.insert(cached_.end(), accepted.begin(), accepted.begin() + int32_t(m));
   tree_ = TokenTree{};

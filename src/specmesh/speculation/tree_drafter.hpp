@@ -41,6 +41,9 @@ class TreeDrafter {
  private:
   void expand(const std::vector<int32_t>& nodes, const std::vector<float>& rows);
   int new_seq();
+  // Whether a node's cell is in the draft's cache: every node that has a level below it was
+  // fed to draft that level.
+  bool fed(int32_t node) const { return size_t(tree_.node(size_t(node)).depth) + 1 < widths_.size(); }
 
   StrategyHost& h_;
   std::string role_;
@@ -48,11 +51,10 @@ class TreeDrafter {
   std::vector<int> widths_;
   size_t max_nodes_;
   float p_accept_;
-  Sampler sampler_;                  // the draft's distribution: the target's transforms
   std::vector<int32_t> cached_;      // sequence 0 of the draft's cache
   TokenTree tree_;
   std::vector<int> seq_of_;          // per node: its branch sequence in the draft's cache
-  std::vector<uint8_t> fed_;         // per node: its cell is in the draft's cache
+  std::vector<int32_t> ids_;         // scratch: token ids ranked by logit
   std::vector<int32_t> frontier_;    // nodes of the run in flight (empty: the context row)
   int32_t base_ = 0;                 // position of the roots
   int next_seq_ = 1;

@@ -184,20 +184,19 @@ TreeVerdict verify_tree_stochastic(std::span<const int32_t> tokens, std::span<co
   }
 }
 
-TreeVerdict verify_tree_proposals(const TokenTree& tree, const TokenTree::Layout& layout,
-                                  std::span<const std::vector<float>> p, Sampler& rng) {
+TreeVerdict verify_tree_proposals(const TokenTree& tree, const TokenTree::Layout& layout, const TargetRow& target,
+                                  Sampler& rng) {
   constexpr const char* fn = "verify_tree_proposals";
   const size_t n = layout.order.size();
-  if (p.size() != n + 1)
-    invalid(std::string(fn) + ": " + std::to_string(p.size()) + " target distributions for " + std::to_string(n) + " nodes");
-  std::vector<std::vector<int32_t>> kids(n + 1);  // slot 0: the context, k + 1: layout node k
-  for (size_t k = 0; k < n; ++k) kids[size_t(layout.parents[k] + 1)].push_back(int32_t(k));
+  const auto kids = children_of(fn, n, layout.parents);
   TreeVerdict v;
+  std::vector<float> p;
   int32_t at = -1;
   for (;;) {
     const size_t row = size_t(at + 1);
-    const double pm = mass(p[row], fn, "p", row);
-    std::vector<double> r = normalised(p[row], pm);
+    target(row, p);
+    const double pm = mass(p, fn, "p", row);
+    std::vector<double> r;  // the residual; empty while it is still p itself
     // Groups drawn without replacement: their distribution with the rejected tokens removed.
     std::vector<std::pair<int, std::vector<float>>> thinned;
     // Every proposal at this node, draft by draft, each draft's in its draw order.
@@ -206,7 +205,7 @@ TreeVerdict verify_tree_proposals(const TokenTree& tree, const TokenTree::Layout
       const Proposal* prop;
     };
     std::vector<Try> tries;
-    for (int32_t c : kids[row])
+    for (int c : kids[row])
       for (const Proposal& prop : tree.node(size_t(layout.order[size_t(c)])).proposals) tries.push_back({c, &prop});
     std::stable_sort(tries.begin(), tries.end(), [](const Try& a, const Try& b) {
       return a.prop->draft != b.prop->draft ? a.prop->draft < b.prop->draft : a.prop->rank < b.prop->rank;
@@ -220,14 +219,16 @@ TreeVerdict verify_tree_proposals(const TokenTree& tree, const TokenTree::Layout
       const std::vector<float>* q = prop.q.get();
       auto g = std::find_if(thinned.begin(), thinned.end(), [&](const auto& th) { return th.first == prop.group; });
       if (prop.group >= 0 && g != thinned.end()) q = &g->second;
-      if (q->size() != r.size() || x < 0 || size_t(x) >= r.size())
+      if (q->size() != p.size() || x < 0 || size_t(x) >= p.size())
         invalid(std::string(fn) + ": node " + std::to_string(c) + " does not fit the target's vocabulary");
       const double qm = mass(*q, fn, "q", size_t(c));
       check_drawn(fn, *q, x, size_t(c));
-      if (rng.uniform() < r[size_t(x)] / (double((*q)[size_t(x)]) / qm)) {
+      const double rx = r.empty() ? double(p[size_t(x)]) / pm : r[size_t(x)];
+      if (rng.uniform() < rx / (double((*q)[size_t(x)]) / qm)) {
         taken = c;
         break;
       }
+      if (r.empty()) r = normalised(p, pm);
       subtract(r, *q, qm);
       if (prop.group >= 0) {
         if (g == thinned.end()) g = thinned.insert(thinned.end(), {prop.group, *prop.q});
@@ -235,12 +236,21 @@ TreeVerdict verify_tree_proposals(const TokenTree& tree, const TokenTree::Layout
       }
     }
     if (taken < 0) {
-      v.next = draw(r, rng);
+      v.next = r.empty() ? rng.sample_from(p) : draw(r, rng);
       return v;
     }
     v.path.push_back(taken);
     at = taken;
   }
+}
+
+TreeVerdict verify_tree_proposals(const TokenTree& tree, const TokenTree::Layout& layout,
+                                  std::span<const std::vector<float>> p, Sampler& rng) {
+  const size_t n = layout.order.size();
+  if (p.size() != n + 1)
+    invalid("verify_tree_proposals: " + std::to_string(p.size()) + " target distributions for " + std::to_string(n) +
+            " nodes");
+  return verify_tree_proposals(tree, layout, [&](size_t row, std::vector<float>& out) { out = p[row]; }, rng);
 }
 
 }  // namespace specmesh

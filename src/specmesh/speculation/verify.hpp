@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -76,6 +77,12 @@ TreeVerdict verify_tree_stochastic(std::span<const int32_t> tokens, std::span<co
 // then distributed exactly as the target's. p: n+1 target distributions, p[0] after the
 // context and p[k+1] after layout node k; the verdict's path holds layout indices. (Greedy
 // trees verify with verify_tree_greedy over layout.tokens and layout.parents.)
+// `target(row, out)` writes the target distribution of a row into out; the walk asks only for
+// the rows it reaches (the accepted path's), not for every node's.
+using TargetRow = std::function<void(size_t row, std::vector<float>& out)>;
+TreeVerdict verify_tree_proposals(const TokenTree& tree, const TokenTree::Layout& layout, const TargetRow& target,
+                                  Sampler& rng);
+// The same with every row's distribution given.
 TreeVerdict verify_tree_proposals(const TokenTree& tree, const TokenTree::Layout& layout,
                                   std::span<const std::vector<float>> p, Sampler& rng);
 
