@@ -74,19 +74,9 @@ ParamValue param_value(const Errors& e, const toml::node& v, const std::string& 
     return ParamValue(std::move(list));
   }
   if (auto text = v.value<std::string>()) {
-    std::stringstream in(*text);
-    for (std::string item; std::getline(in, item, ',');) {
-      size_t used = 0;
-      int x = 0;
-      try {
-        x = std::stoi(item, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used == 0 || used != item.size()) e.fail(&v, key, std::string(expected) + ", not \"" + *text + "\"");
-      list.push_back(x);
-    }
-    return ParamValue(std::move(list));
+    auto parsed = parse_int_list(*text);
+    if (!parsed) e.fail(&v, key, std::string(expected) + ", not \"" + *text + "\"");
+    return ParamValue(std::move(*parsed));
   }
   e.fail(&v, key, expected);
 }

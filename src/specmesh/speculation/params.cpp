@@ -92,6 +92,22 @@ std::optional<ParamValue> check_param(const ParamSpec& spec, const ParamValue& v
   return value;
 }
 
+std::optional<std::vector<int>> parse_int_list(const std::string& text) {
+  std::vector<int> list;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    const char* b = item.c_str();
+    char* e = nullptr;
+    const double v = std::strtod(b, &e);
+    if (item.empty() || e != b + item.size() || v != std::floor(v) || std::fabs(v) > 1e9) return std::nullopt;
+    list.push_back(int(v));
+    at = comma + 1;
+  }
+  return list;
+}
+
 std::optional<ParamValue> parse_param(const ParamSpec& spec, const std::string& text, std::string* why) {
   auto number = [&](const std::string& t, const char* expected) -> std::optional<double> {
     const char* b = t.c_str();
@@ -110,20 +126,12 @@ std::optional<ParamValue> parse_param(const ParamSpec& spec, const std::string& 
       if (why) *why = "expected true or false, not '" + text + "'";
       return std::nullopt;
     case ParamType::IntList: {
-      std::vector<int> list;
-      size_t at = 0;
-      while (at <= text.size()) {
-        const size_t comma = std::min(text.find(',', at), text.size());
-        auto v = number(text.substr(at, comma - at), "integers separated by commas, such as 1,1,3");
-        if (!v) return std::nullopt;
-        if (*v != std::floor(*v) || std::fabs(*v) > 1e9) {
-          if (why) *why = "expected integers separated by commas, not '" + text + "'";
-          return std::nullopt;
-        }
-        list.push_back(int(*v));
-        at = comma + 1;
+      auto list = parse_int_list(text);
+      if (!list) {
+        if (why) *why = "expected integers separated by commas, such as 1,1,3, not '" + text + "'";
+        return std::nullopt;
       }
-      return check_param(spec, ParamValue(std::move(list)), true, why);
+      return check_param(spec, ParamValue(std::move(*list)), true, why);
     }
     case ParamType::Int:
     case ParamType::Float: break;

@@ -47,6 +47,9 @@ class StrategyParams {
   std::map<std::string, ParamValue> values_;
 };
 
+// Integers separated by commas ("1,1,3"), each written as a plain number; nullopt otherwise.
+std::optional<std::vector<int>> parse_int_list(const std::string& text);
+
 // Parses a parameter's text ("4", "0.3", "true", "1,1,3") against its spec; nullopt and *why
 // set when it is not a value of the parameter's type in its range (NaN and infinities never are).
 std::optional<ParamValue> parse_param(const ParamSpec& spec, const std::string& text, std::string* why);
