@@ -54,6 +54,11 @@ struct LayerTimes {
   ContextCurve spec_receiver;  // SFD_R(K)
   ContextCurve fixed;          // per token outside the layers: embedding, LM head
   double attention(AttnMode mode, double context) const;
+  // One ALSpec layer on a pair (the paper's Appendix F): on a hit the receiver goes on after
+  // SFD_R while the sender finishes SFD_S, so the layer takes SFD_R + max(SFD_S - SFD_R, the
+  // non-attention ops); a miss takes the sender's whole layer.
+  double alspec_hit_layer(double context) const;
+  double alspec_miss_layer(double context) const;
 };
 
 struct DeviceProfile {
@@ -74,6 +79,8 @@ struct DeviceProfile {
 
   // Modelled duration of `cost` on this device (roofline: compute and memory overlap).
   double seconds(const WorkCost& cost) const;
+  // The context the timing curves are read at: virtual_context when set, else the real one.
+  double effective_context(int64_t context) const { return double(virtual_context != 0 ? virtual_context : context); }
 };
 
 struct LinkProfile {

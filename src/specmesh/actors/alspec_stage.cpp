@@ -85,10 +85,14 @@ Tensor f32_vector(std::vector<float> v) {
   return Tensor::from(WireDType::f32, {n}, std::move(v));
 }
 
-std::vector<float> floats(const Tensor& t) {
-  return t.data.aligned_for<float>() ? std::vector<float>(t.data.view<float>().begin(), t.data.view<float>().end())
-                                     : t.data.to_vector<float>();
+// A tensor's floats: a view of the message when it is aligned, else a copy into `scratch`.
+std::span<const float> floats(const Tensor& t, std::vector<float>& scratch) {
+  if (t.data.aligned_for<float>()) return t.data.view<float>();
+  scratch = t.data.to_vector<float>();
+  return scratch;
 }
+
+Tensor f32_vector(std::span<const float> v) { return f32_vector(std::vector<float>(v.begin(), v.end())); }
 
 void report_error(const Group& g, uint64_t run, const std::string& what) {
   const StageConfig& sc = g.cfg.stage;
@@ -105,14 +109,13 @@ void send_logits(const Group& g, uint64_t run, std::vector<int32_t> rows, std::v
   g.cfg.stage.router->send(g.cfg.stage.head_node, make_envelope(run, std::move(l)));
 }
 
-// Modelled time an accepted speculation saves at this context length: the receiver goes on
-// after the speculative part instead of the full flash decode. 0 without measured timing.
+// Modelled time an accepted speculation saves at this context length: a hit layer against a
+// missed one (the timing model's own formulas). 0 without measured timing.
 double saved_ms(const Group& g, int64_t context) {
   const auto& profile = g.cfg.stage.device_state->profile();
   if (!profile || !profile->times) return 0;
-  const double k = double(profile->virtual_context > 0 ? profile->virtual_context : context);
-  const LayerTimes& t = *profile->times;
-  return 1e3 * std::max(0.0, t.attention(AttnMode::flash, k) - t.attention(AttnMode::spec_receiver, k));
+  const double k = profile->effective_context(context);
+  return 1e3 * std::max(0.0, profile->times->alspec_miss_layer(k) - profile->times->alspec_hit_layer(k));
 }
 
 // One decode token on this group, in lockstep with the partner.
@@ -190,7 +193,9 @@ void step(Group& g, uint64_t run, const Batch& batch) {
     } else {
       const AttentionSync m = g.inbox.take(run, SyncKind::handoff, il, g.cfg.peer_timeout, give_up);
       const auto t0 = Clock::now();
-      dev.receive(il, {floats(m.tensors[0]), floats(m.tensors[1]), floats(m.tensors[2]), floats(m.tensors[3])});
+      std::vector<float> scratch[4];
+      dev.receive(il, {floats(m.tensors[0], scratch[0]), floats(m.tensors[1], scratch[1]), floats(m.tensors[2], scratch[2]),
+                       floats(m.tensors[3], scratch[3])});
       pace(t0, LayerPart::rest, AttnMode::flash);
       received_at = il;
       received_last = true;

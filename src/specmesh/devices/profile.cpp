@@ -29,10 +29,17 @@ double LayerTimes::attention(AttnMode mode, double k) const {
   throw std::invalid_argument("unknown attention mode");
 }
 
+double LayerTimes::alspec_hit_layer(double k) const {
+  const double sender = attention(AttnMode::spec_sender, k), receiver = attention(AttnMode::spec_receiver, k);
+  return receiver + std::max(sender - receiver, non_attention.at(k));
+}
+
+double LayerTimes::alspec_miss_layer(double k) const { return non_attention.at(k) + attention(AttnMode::spec_sender, k); }
+
 double DeviceProfile::seconds(const WorkCost& c) const {
   if (times) {
-    // 0 means "use the real context"; a negative one is refused by the curves.
-    const double k = double(virtual_context != 0 ? virtual_context : c.context);
+    // A negative virtual context is refused by the curves.
+    const double k = effective_context(c.context);
     double layer = 0;
     if (c.part != LayerPart::attention) layer += times->non_attention.at(k) + layer_token_s * std::max(0, c.tokens - 1);
     if (c.part != LayerPart::rest) layer += times->attention(c.attn, k);

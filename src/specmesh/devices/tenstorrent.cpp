@@ -116,13 +116,13 @@ double layer_seconds(const MeshTiming& m, int tp, int64_t context, AttnMode mode
 }
 
 double alspec_hit_layer_seconds(const MeshTiming& m, int tp, int64_t context) {
-  const double sender = attention_seconds(m, tp, context, AttnMode::spec_sender);
-  const double receiver = attention_seconds(m, tp, context, AttnMode::spec_receiver);
-  return receiver + std::max(sender - receiver, non_attention_seconds(m, tp, context));
+  check_context(context);
+  return m.at(tp).alspec_hit_layer(double(context));
 }
 
 double alspec_miss_layer_seconds(const MeshTiming& m, int tp, int64_t context) {
-  return layer_seconds(m, tp, context, AttnMode::spec_sender);
+  check_context(context);
+  return m.at(tp).alspec_miss_layer(double(context));
 }
 
 double tp_token_seconds(const MeshTiming& m, int tp, int64_t context) {

@@ -24,16 +24,15 @@ void AlspecDevice::pre(int il) {
 AlspecHandoff AlspecDevice::attend(int il, const std::function<void(const AlspecHandoff&)>& ship) {
   if (!is_sender()) throw std::logic_error("ALSpec: attend() on the receiver");
   const HParams& hp = ctx_.model().hparams();
-  AlspecHandoff h;
-  h.residual.assign(pass_->x(), pass_->x() + hp.n_embd);
-  h.k.resize(hp.kv_dim());
-  h.v.resize(hp.kv_dim());
-  pass_->read_kv(il, 0, h.k.data(), h.v.data());
+  k_.resize(hp.kv_dim());
+  v_.resize(hp.kv_dim());
+  pass_->read_kv(il, 0, k_.data(), v_.data());
   full_.resize(hp.q_dim());
-  h.spec.resize(hp.q_dim());
+  spec_out_.resize(hp.q_dim());
+  const AlspecHandoff h{{pass_->x(), size_t(hp.n_embd)}, k_, v_, spec_out_};
   std::function<void()> ready;
   if (ship) ready = [&] { ship(h); };
-  check_ = pass_->attention(il, full_.data(), h.spec.data(), &spec_, ready);
+  check_ = pass_->attention(il, full_.data(), spec_out_.data(), &spec_, ready);
   ++work_.sent;
   return h;
 }

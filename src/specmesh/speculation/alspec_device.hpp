@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <optional>
 #include <vector>
 
@@ -44,9 +45,11 @@ struct AlspecSettings {
 };
 
 // What the sender gives the receiver at one attention: its residual stream (n_embd), the
-// token's K and V rows of that layer (kv_dim each) and the speculative output (q_dim).
+// token's K and V rows of that layer (kv_dim each) and the speculative output (q_dim). Views
+// into the sender's state, valid until its settle(); a receiver in another process gets them
+// over the wire and views the message.
 struct AlspecHandoff {
-  std::vector<float> residual, k, v, spec;
+  std::span<const float> residual, k, v, spec;
   size_t bytes() const { return (residual.size() + k.size() + v.size() + spec.size()) * sizeof(float); }
 };
 
@@ -90,7 +93,7 @@ class AlspecDevice {
   AlspecGate gate_;
   AlspecWork work_;
   std::unique_ptr<ForwardPass> pass_;
-  std::vector<float> full_;
+  std::vector<float> full_, spec_out_, k_, v_;  // this layer's outputs and K/V rows, reused
   SpecCheck check_;
 };
 
