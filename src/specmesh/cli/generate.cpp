@@ -37,7 +37,7 @@ std::string absolute(const std::string& p) {
 Topology configuration(const GenerateOptions& o, const CLI::App& cmd, int threads, const SamplingParams& sp) {
   std::map<std::string, ModelSpec> roles;
   for (size_t i = 0; i < o.drafts.size(); ++i) {
-    const std::string role = i == 0 ? "draft" : "draft" + std::to_string(i + 1);
+    const std::string role = draft_role(int(i));
     roles[role] = {role, absolute(o.drafts[i]), absolute(o.draft_tokenizer.empty() ? o.tokenizer : o.draft_tokenizer)};
   }
   const ModelSpec target{"target", absolute(o.model), absolute(o.tokenizer)};

@@ -20,6 +20,10 @@ namespace specmesh {
 
 // The pipeline every strategy generates with.
 inline constexpr const char* kTargetRole = "target";
+// The draft model's pipeline, for strategies that have one; further drafts, whose proposals a
+// strategy may merge, are draft2, draft3, ...: draft_role(i) for the i-th, from 0.
+inline constexpr const char* kDraftRole = "draft";
+inline std::string draft_role(int i) { return i == 0 ? kDraftRole : kDraftRole + std::to_string(i + 1); }
 
 class StrategyHost {
  public:

@@ -53,7 +53,6 @@ namespace specmesh {
 
 namespace {
 
-const char* const kDraftRole = "draft";
 
 // A speculative path: accepted tokens then drafted ones. Its sequence holds cells for
 // path[0, launched) (written, or in flight in runs launched earlier); the rest is drafted but
