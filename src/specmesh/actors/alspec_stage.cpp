@@ -94,12 +94,6 @@ std::span<const float> floats(const Tensor& t, std::vector<float>& scratch) {
 
 Tensor f32_vector(std::span<const float> v) { return f32_vector(std::vector<float>(v.begin(), v.end())); }
 
-void report_error(const Group& g, uint64_t run, const std::string& what) {
-  const StageConfig& sc = g.cfg.stage;
-  spdlog::error("ALSpec group {} on {}: run {}: {}", sc.pipeline, sc.self_node, run, what);
-  sc.router->send(sc.head_node, make_envelope(run, Error{ErrorCode::invalid_request, sc.self_node, what}));
-}
-
 void send_logits(const Group& g, uint64_t run, std::vector<int32_t> rows, std::vector<float> logits) {
   const int64_t n_vocab = g.ctx->model().hparams().n_vocab;
   Logits l;
@@ -232,14 +226,9 @@ void schedule_run(const std::shared_ptr<Group>& g, uint64_t run, RunStart meta) 
       if (batch.size() == 1 && !batch.is_tree() && batch.logits[0]) {
         step(*g, run, batch);
       } else {
-        // A prompt chunk: both groups compute it in full; the current sender answers once the
-        // modelled pass is over.
-        const auto t0 = std::chrono::steady_clock::now();
-        Device& hw = *g->cfg.stage.device_state;
-        const double modelled = hw.modelled_seconds(g->ctx->cost(batch));
-        ForwardOutput out = g->ctx->forward(batch);
-        hw.pace(t0, modelled);
-        g->stats->layers_computed += g->ctx->model().hparams().n_layer;
+        // A prompt chunk: both groups compute it in full, as a plain stage would; the current
+        // sender answers.
+        ForwardOutput out = paced_forward(*g->ctx, g->cfg.stage, g->cancelled, *g->stats, run, batch);
         if (g->dev->is_sender()) send_logits(*g, run, out.rows, std::move(out.logits));
       }
       ++g->stats->runs;
@@ -248,7 +237,7 @@ void schedule_run(const std::shared_ptr<Group>& g, uint64_t run, RunStart meta) 
       ++g->stats->runs_cancelled;
     } catch (const std::exception& e) {
       g->dev->abort();
-      report_error(*g, run, e.what());
+      report_error(g->cfg.stage, run, e.what());
     }
     return {};
   };
@@ -264,7 +253,7 @@ void schedule_kv_ops(const std::shared_ptr<Group>& g, uint64_t run, KvCacheOp op
       for (const KvOp& op : ops.ops)
         if (op.kind == KvOpKind::remove && op.seq < 0 && op.pos_begin < 0 && op.pos_end < 0) g->dev->reset();
     } catch (const std::exception& e) {
-      report_error(*g, run, std::string("KV-cache operation failed: ") + e.what());
+      report_error(g->cfg.stage, run, std::string("KV-cache operation failed: ") + e.what());
     }
     return {};
   };

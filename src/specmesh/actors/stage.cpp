@@ -39,6 +39,37 @@ RunStart to_run_start(const std::string& pipeline, const Batch& b, bool speculat
   return r;
 }
 
+ForwardOutput paced_forward(Context& ctx, const StageConfig& cfg, const CancelSet& cancelled, StageStats& stats,
+                            uint64_t run, const Batch& batch, const float* hidden_in) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int n_layers = ctx.layer_end() - ctx.layer_begin();
+  const double modelled = cfg.device_state->modelled_seconds(ctx.cost(batch));
+  int layers_done = 0;
+  ctx.set_cancel_check([&] {
+    cfg.device_state->pace(t0, modelled * layers_done / std::max(1, n_layers));
+    if (cancelled.contains(run)) return true;
+    ++layers_done;
+    return false;
+  });
+  try {
+    ForwardOutput out = ctx.forward(batch, hidden_in);
+    ctx.set_cancel_check({});
+    cfg.device_state->pace(t0, modelled);
+    stats.layers_computed += layers_done;
+    return out;
+  } catch (...) {
+    ctx.set_cancel_check({});
+    stats.layers_computed += layers_done;
+    throw;
+  }
+}
+
+void report_error(const StageConfig& cfg, uint64_t run, const std::string& what) {
+  spdlog::error("stage {}[{},{}) on {}: run {}: {}", cfg.pipeline, cfg.context.layer_begin, cfg.context.layer_end,
+                cfg.self_node, run, what);
+  cfg.router->send(cfg.head_node, make_envelope(run, Error{ErrorCode::invalid_request, cfg.self_node, what}));
+}
+
 void apply_kv_ops(KvCache& kv, const std::vector<KvOp>& ops) {
   for (const KvOp& op : ops) {
     if (op.seq >= kMaxSeqs || op.dst_seq >= kMaxSeqs) throw std::invalid_argument("sequence id out of range");
@@ -58,12 +89,6 @@ struct StageState {
   std::shared_ptr<CancelSet> cancelled = std::make_shared<CancelSet>();
   std::shared_ptr<StageStats> stats;
 };
-
-void report_error(const StageConfig& cfg, uint64_t run, const std::string& what) {
-  spdlog::error("stage {}[{},{}) on {}: run {}: {}", cfg.pipeline, cfg.context.layer_begin, cfg.context.layer_end,
-                cfg.self_node, run, what);
-  cfg.router->send(cfg.head_node, make_envelope(run, Error{ErrorCode::invalid_request, cfg.self_node, what}));
-}
 
 // Sends the tapped layers this pass computed (captured[i] is tap_layers[i], empty when that
 // layer belongs to another stage) to the tap node.
@@ -94,16 +119,12 @@ void schedule_forward(StageState& st, uint64_t run, RunStart meta, std::optional
   auto job = std::make_shared<DeviceJob>();
   job->run = [ctx = st.ctx, cfg = st.cfg, cancelled = st.cancelled, stats = st.stats, run, meta = std::move(meta),
               hidden_in = std::move(hidden_in)](ThreadPool&) -> WorkCost {
-    const auto t0 = std::chrono::steady_clock::now();
     if (cancelled->contains(run)) {
       ++stats->runs_cancelled;
       return {};
     }
-    WorkCost cost;
-    int layers_done = 0;
     try {
       Batch batch = to_batch(meta);
-      cost = ctx->cost(batch);
       std::vector<float> hidden_copy;
       const float* hidden = nullptr;
       if (hidden_in) {
@@ -118,19 +139,7 @@ void schedule_forward(StageState& st, uint64_t run, RunStart meta, std::optional
           hidden = hidden_copy.data();
         }
       }
-      // With a timing profile each layer takes its modelled share of the time, and a cancel
-      // is honoured between layers.
-      const int n_layers = ctx->layer_end() - ctx->layer_begin();
-      const double modelled = cfg.device_state->modelled_seconds(cost);
-      ctx->set_cancel_check([&] {
-        cfg.device_state->pace(t0, modelled * layers_done / std::max(1, n_layers));
-        if (cancelled->contains(run)) return true;
-        ++layers_done;
-        return false;
-      });
-      ForwardOutput out = ctx->forward(batch, hidden);
-      cfg.device_state->pace(t0, modelled);
-      stats->layers_computed += layers_done;
+      ForwardOutput out = paced_forward(*ctx, cfg, *cancelled, *stats, run, batch, hidden);
       ++stats->runs;
       const int64_t n_embd = ctx->model().hparams().n_embd;
       // Taps leave first: on a shared link the receiver then has them before the run's logits.
@@ -152,7 +161,6 @@ void schedule_forward(StageState& st, uint64_t run, RunStart meta, std::optional
       }
     } catch (const ForwardCancelled&) {
       ++stats->runs_cancelled;
-      stats->layers_computed += layers_done;
     } catch (const std::exception& e) {
       report_error(cfg, run, e.what());
     }

@@ -83,6 +83,15 @@ caf::actor spawn_stage(caf::actor_system& sys, StageConfig cfg, std::shared_ptr<
 // std::invalid_argument for a sequence id out of range.
 void apply_kv_ops(KvCache& kv, const std::vector<KvOp>& ops);
 
+// Runs a batch through a stage's context the way every stage kind does: with a timing
+// profile each layer takes its modelled share of the time, a cancel of `run` is honoured
+// between layers (ForwardCancelled), and the layers computed are counted in `stats`.
+ForwardOutput paced_forward(Context& ctx, const StageConfig& cfg, const CancelSet& cancelled, StageStats& stats,
+                            uint64_t run, const Batch& batch, const float* hidden_in = nullptr);
+
+// Logs a run's failure and tells the head (Error, invalid_request).
+void report_error(const StageConfig& cfg, uint64_t run, const std::string& what);
+
 // Conversions between the wire batch and the model's batch.
 Batch to_batch(const RunStart& r);
 RunStart to_run_start(const std::string& pipeline, const Batch& b, bool speculative);
