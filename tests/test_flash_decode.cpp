@@ -16,21 +16,14 @@
 #include "specmesh/kernels/matmul.hpp"
 #include "specmesh/kernels/thread_pool.hpp"
 
+#include "isa.hpp"
+
 namespace specmesh {
 namespace {
 
-std::vector<std::string> isas() {
-  std::vector<std::string> v{"scalar"};
-  if (matmul_set_isa("avx2")) v.push_back("avx2");
-  matmul_set_isa(nullptr);
-  return v;
-}
+using test::isas;
 
-class FlashDecodeTest : public ::testing::Test {
- protected:
-  void TearDown() override { matmul_set_isa(nullptr); }
-  void use(const std::string& isa) { ASSERT_TRUE(matmul_set_isa(isa.c_str())); }
-};
+class FlashDecodeTest : public test::IsaTest {};
 
 size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 

@@ -13,30 +13,19 @@
 #include "specmesh/kernels/quant.hpp"
 #include "specmesh/kernels/thread_pool.hpp"
 
+#include "isa.hpp"
+
 namespace specmesh {
 namespace {
+
+using test::isas;
 
 constexpr DType kAllTypes[] = {DType::F32, DType::F16, DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::BF16};
 
 bool is_kquant(DType t) { return t == DType::Q4_K || t == DType::Q6_K; }
 bool is_int_dot(DType t) { return t == DType::Q4_0 || t == DType::Q8_0; }
 
-std::vector<std::string> isas() {
-  std::vector<std::string> v{"scalar"};
-  if (matmul_set_isa("avx2")) v.push_back("avx2");
-  matmul_set_isa(nullptr);
-  return v;
-}
-
-// Restores the default path whatever a test did.
-class MatmulTest : public ::testing::Test {
- protected:
-  void TearDown() override { matmul_set_isa(nullptr); }
-  void use(const std::string& isa) {
-    ASSERT_TRUE(matmul_set_isa(isa.c_str()));
-    ASSERT_EQ(std::string(matmul_isa()), isa);
-  }
-};
+class MatmulTest : public test::IsaTest {};
 
 struct Matrix {
   DType type;

@@ -16,8 +16,12 @@
 #include "specmesh/kernels/thread_pool.hpp"
 #include "specmesh/kernels/tree_attention.hpp"
 
+#include "isa.hpp"
+
 namespace specmesh {
 namespace {
+
+using test::isas;
 
 // A tree in DFS pre-order: parent[i] < i (or -1 for a root) and spans from one DFS counter.
 struct Tree {
@@ -220,17 +224,7 @@ const Layout kGqa{8, 2, 64};
 const Layout kMha{4, 4, 32};
 const Layout kOddDim{2, 1, 20};  // head_dim not a multiple of 8: the portable path
 
-std::vector<std::string> isas() {
-  std::vector<std::string> v{"scalar"};
-  if (matmul_set_isa("avx2")) v.push_back("avx2");
-  matmul_set_isa(nullptr);
-  return v;
-}
-
-class TreeAttention : public ::testing::Test {
- protected:
-  void TearDown() override { matmul_set_isa(nullptr); }
-};
+class TreeAttention : public test::IsaTest {};
 
 TEST_F(TreeAttention, DenseMaskIsAncestorOrSelf) {
   for (const auto& sh : shapes()) {
