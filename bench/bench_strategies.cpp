@@ -115,8 +115,8 @@ int main(int argc, char** argv) {
   const std::vector<std::string> prompts = {"Once upon a time", "Lily and Tom", "Tom had a big red ball"};
   std::printf("# emulated cluster: 3 slow target nodes (%.2f ms/layer), draft on a fast node (%.2f ms/layer), gigabit link, %d tokens x %zu prompts\n",
               o.layer_ms, o.draft_layer_ms, o.tokens, prompts.size());
-  std::printf("%-20s %-24s %-12s %10s %10s %8s %8s %8s %10s %10s\n", "target", "draft", "strategy", "tok/s", "ttft ms", "accept",
-              "tok/ver", "nodes/ver", "cancelled", "lossless");
+  std::printf("%-20s %-24s %-12s %10s %10s %8s %8s %8s %9s %10s %10s\n", "target", "draft", "strategy", "tok/s", "ttft ms",
+              "accept", "tok/ver", "tree", "max depth", "cancelled", "lossless");
   // Plain decoding (the registry's default for a lone target) is the reference the others
   // must reproduce; then every strategy that needs no role beyond target and draft.
   const StrategyInfo& plain = default_strategy({kTargetRole});
@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
     for (const Variant& variant : runs) {
       const StrategyInfo* info = variant.info;
       const std::string& strategy = variant.label;
-      double tokens = 0, seconds = 0, first = 0, accepted = 0, drafted = 0, verifs = 0, cancelled = 0;
+      double tokens = 0, seconds = 0, first = 0, accepted = 0, drafted = 0, verifs = 0, cancelled = 0, deepest = 0;
       bool lossless = true;
       for (size_t i = 0; i < prompts.size(); ++i) {
         // Each request meets an idle cluster, as a user's would; fresh endpoint names, since
@@ -154,13 +154,15 @@ int main(int argc, char** argv) {
         drafted += r.metrics.drafted;
         verifs += r.metrics.verifications;
         cancelled += r.metrics.runs_cancelled;
+        deepest = std::max(deepest, double(r.metrics.max_accepted_depth));
       }
       tps[strategy] = tokens / seconds;
       ttft[strategy] = first / prompts.size();
-      std::printf("%-20s %-24s %-12s %10.2f %10.2f %8.2f %8.2f %8.2f %10.0f %10s\n", target.c_str(), draft.c_str(),
+      // tree: draft tokens per verification (a chain's length, or a tree's nodes).
+      std::printf("%-20s %-24s %-12s %10.2f %10.2f %8.2f %8.2f %8.2f %9.0f %10.0f %10s\n", target.c_str(), draft.c_str(),
                   strategy.c_str(), tps[strategy], ttft[strategy], drafted > 0 ? accepted / drafted : 0.0,
-                  verifs > 0 ? (accepted + verifs) / verifs : 0.0, verifs > 0 ? drafted / verifs : 0.0, cancelled,
-                  lossless ? "yes" : "NO");
+                  verifs > 0 ? (accepted + verifs) / verifs : 0.0, verifs > 0 ? drafted / verifs : 0.0, deepest,
+                  cancelled, lossless ? "yes" : "NO");
       std::fflush(stdout);
     }
     // Every ratio measured in this run: each strategy against the reference and against the

@@ -80,6 +80,7 @@ SpecMetrics sample_metrics() {
   m.drafted = 400;
   m.accepted = 301;
   m.verifications = 97;
+  m.max_accepted_depth = 6;
   m.runs_launched = 110;
   m.runs_cancelled = 9;
   m.runs_wasted = 4;
@@ -101,9 +102,12 @@ void expect_row(const std::vector<std::string>& row, const SpecMetrics& m) {
   EXPECT_EQ(std::strtod(row[10].c_str(), nullptr), m.acceptance_rate());
   EXPECT_EQ(std::stoll(row[11]), m.verifications);
   EXPECT_EQ(std::strtod(row[12].c_str(), nullptr), m.tokens_per_verification());
-  EXPECT_EQ(std::stoll(row[13]), m.runs_launched);
-  EXPECT_EQ(std::stoll(row[14]), m.runs_cancelled);
-  EXPECT_EQ(std::stoll(row[15]), m.runs_wasted);
+  EXPECT_EQ(std::strtod(row[13].c_str(), nullptr), m.tree_size());
+  EXPECT_EQ(std::strtod(row[14].c_str(), nullptr), m.accepted_depth());
+  EXPECT_EQ(std::stoll(row[15]), m.max_accepted_depth);
+  EXPECT_EQ(std::stoll(row[16]), m.runs_launched);
+  EXPECT_EQ(std::stoll(row[17]), m.runs_cancelled);
+  EXPECT_EQ(std::stoll(row[18]), m.runs_wasted);
 }
 
 TEST(SpecMetrics, DerivedRatios) {
@@ -115,6 +119,20 @@ TEST(SpecMetrics, DerivedRatios) {
   m.verifications = 4;
   EXPECT_DOUBLE_EQ(m.acceptance_rate(), 0.7);
   EXPECT_DOUBLE_EQ(m.tokens_per_verification(), 11.0 / 4.0);  // 7 accepted + one target token each
+  EXPECT_DOUBLE_EQ(m.tree_size(), 10.0 / 4.0);
+  EXPECT_DOUBLE_EQ(m.accepted_depth(), 7.0 / 4.0);
+}
+
+TEST(SpecMetrics, VerifiedCountsDepthAndKeepsTheDeepest) {
+  SpecMetrics m;
+  m.verified(3);
+  m.verified(0);
+  m.verified(5);
+  m.verified(2);
+  EXPECT_EQ(m.verifications, 4);
+  EXPECT_EQ(m.accepted, 10);
+  EXPECT_EQ(m.max_accepted_depth, 5);
+  EXPECT_EQ(m.drafted, 0);  // the strategy counts its drafts where it makes them
 }
 
 TEST_F(MetricsCsv, HeaderOnceThenRowsThatRoundTrip) {
@@ -199,6 +217,9 @@ TEST(SpecMetrics, JsonHasEveryColumn) {
   EXPECT_EQ(j["acceptance_rate"], m.acceptance_rate());
   EXPECT_EQ(j["verifications"], m.verifications);
   EXPECT_EQ(j["tokens_per_verification"], m.tokens_per_verification());
+  EXPECT_EQ(j["tree_size"], m.tree_size());
+  EXPECT_EQ(j["accepted_depth"], m.accepted_depth());
+  EXPECT_EQ(j["max_accepted_depth"], m.max_accepted_depth);
   EXPECT_EQ(j["runs_launched"], m.runs_launched);
   EXPECT_EQ(j["runs_cancelled"], m.runs_cancelled);
   EXPECT_EQ(j["runs_wasted"], m.runs_wasted);

@@ -67,6 +67,8 @@ TEST(StrategySpecTree, OneTargetRunCarriesTheWholeTreeInDfsOrder) {
   EXPECT_EQ(h.generated(), std::vector<int32_t>(greedy.begin(), greedy.begin() + 3));
   EXPECT_EQ(h.metrics().accepted, 2);
   EXPECT_EQ(h.metrics().drafted, 6);
+  EXPECT_EQ(h.metrics().tree_size(), 6.0);
+  EXPECT_EQ(h.metrics().max_accepted_depth, 2);
 
   // The target keeps the accepted path by range operations: sequence 0 leaves the tree, the
   // path's branch rejoins it, every branch sequence goes.
@@ -94,6 +96,8 @@ TEST(StrategySpecTree, ARightFirstGuessTakesTheFirstRootsSubtree) {
   EXPECT_EQ(v.batch.size(), size_t(L) + 8);  // 1 + 1 + 3 + 3 nodes
   h.deliver(v.run);
   EXPECT_EQ(h.metrics().accepted, 4);  // a full path of the tree, then the bonus
+  EXPECT_EQ(h.metrics().tree_size(), 8.0);
+  EXPECT_EQ(h.metrics().accepted_depth(), 4.0);
   h.run_to_end(FakeHost::oldest_first());
   EXPECT_EQ(h.generated(), greedy_continuation(kPrompt, kTarget, 16));
   EXPECT_TRUE(h.errors().empty()) << h.errors().front();

@@ -47,6 +47,7 @@ struct Metrics {
   int64_t drafted = 0;             // draft tokens proposed for verification
   int64_t accepted = 0;            // draft tokens the target accepted
   int64_t verifications = 0;       // target runs that verified drafts
+  int64_t max_accepted_depth = 0;  // most draft tokens one verification accepted
   int64_t runs_launched = 0;       // target runs started
   int64_t runs_cancelled = 0;      // runs stopped before they finished
   int64_t runs_wasted = 0;         // runs that finished but whose result was discarded
@@ -67,6 +68,10 @@ struct Metrics {
   double tokens_per_verification() const {
     return verifications > 0 ? double(accepted + verifications) / double(verifications) : 0.0;
   }
+  // Draft tokens (tree nodes, or a chain's length) per verification: drafted / verifications.
+  double tree_size() const { return verifications > 0 ? double(drafted) / double(verifications) : 0.0; }
+  // Depth of the accepted path per verification: accepted / verifications.
+  double accepted_depth() const { return verifications > 0 ? double(accepted) / double(verifications) : 0.0; }
 };
 
 struct GenerationResult {

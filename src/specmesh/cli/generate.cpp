@@ -86,8 +86,9 @@ void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
     std::fprintf(stderr, "\n[%d prompt tokens, %d generated; first token %.1f ms; %.1f tokens/s", r.stats.prompt_tokens,
                  r.stats.generated_tokens, r.stats.ttft_ms, r.stats.decode_tokens_per_s);
     if (r.metrics.drafted > 0)
-      std::fprintf(stderr, "; acceptance %.2f, %.2f tokens per verification", r.metrics.acceptance_rate(),
-                   r.metrics.tokens_per_verification());
+      std::fprintf(stderr, "; acceptance %.2f, %.2f tokens per verification (%.1f drafted, %.2f accepted deep, at most %lld)",
+                   r.metrics.acceptance_rate(), r.metrics.tokens_per_verification(), r.metrics.tree_size(),
+                   r.metrics.accepted_depth(), static_cast<long long>(r.metrics.max_accepted_depth));
     if (r.metrics.attention_checks > 0)
       std::fprintf(stderr, "; attention speculations accepted %.2f", r.metrics.attention_hit_rate());
     std::fprintf(stderr, "]\n");

@@ -54,6 +54,7 @@ const std::vector<std::string>& SpecMetrics::csv_columns() {
   static const std::vector<std::string> cols = {
       "strategy", "target_model", "draft_model", "prompt_tokens", "generated_tokens", "ttft_ms", "mean_itl_ms",
       "decode_tokens_per_s", "drafted", "accepted", "acceptance_rate", "verifications", "tokens_per_verification",
+      "tree_size", "accepted_depth", "max_accepted_depth",
       "runs_launched", "runs_cancelled", "runs_wasted", "attention_checks", "attention_hits", "attention_hit_rate",
       "overlap_saved_ms"};
   return cols;
@@ -73,6 +74,9 @@ std::vector<std::string> SpecMetrics::csv_values() const {
           number(acceptance_rate()),
           std::to_string(verifications),
           number(tokens_per_verification()),
+          number(tree_size()),
+          number(accepted_depth()),
+          std::to_string(max_accepted_depth),
           std::to_string(runs_launched),
           std::to_string(runs_cancelled),
           std::to_string(runs_wasted),
@@ -96,6 +100,9 @@ nlohmann::json SpecMetrics::to_json() const {
           {"acceptance_rate", acceptance_rate()},
           {"verifications", verifications},
           {"tokens_per_verification", tokens_per_verification()},
+          {"tree_size", tree_size()},
+          {"accepted_depth", accepted_depth()},
+          {"max_accepted_depth", max_accepted_depth},
           {"runs_launched", runs_launched},
           {"runs_cancelled", runs_cancelled},
           {"runs_wasted", runs_wasted},

@@ -18,7 +18,15 @@ struct SpecMetrics : Metrics {
   SpecMetrics() = default;
   SpecMetrics(const Metrics& m) : Metrics(m) {}
 
-  // Every field above plus the two derived ratios, under the CSV column names.
+  // One verification accepted `depth` draft tokens (the drafted count is the strategy's own:
+  // at verification for spec, at launch for pipeinfer, whose cancelled runs drafted too).
+  void verified(int64_t depth) {
+    ++verifications;
+    accepted += depth;
+    if (depth > max_accepted_depth) max_accepted_depth = depth;
+  }
+
+  // Every field above plus the derived ratios, under the CSV column names.
   nlohmann::json to_json() const;
 
   // The CSV columns in their fixed order, and this run's values in that order.

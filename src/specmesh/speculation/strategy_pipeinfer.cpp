@@ -206,10 +206,7 @@ class PipeInfer final : public Strategy {
       }
     }
     SpecMetrics& mt = c_.metrics();
-    if (r.speculative) {
-      ++mt.verifications;
-      mt.accepted += matched;
-    }
+    if (r.speculative) mt.verified(matched);
     if (gained == 0) ++mt.runs_wasted;
     if (c_.done()) return false;
     if (r.speculative && upto > canon_len_) {

@@ -73,8 +73,7 @@ class Speculative final : public Strategy {
     }
     SpecMetrics& m = h_.metrics();
     m.drafted += k;
-    m.accepted += v.accepted;
-    ++m.verifications;
+    m.verified(v.accepted);
     std::vector<int32_t> proposal(drafts_.begin(), drafts_.begin() + v.accepted);
     drafts_.clear();
     q_.clear();
@@ -203,8 +202,7 @@ class TreeSpeculative final : public Strategy {
 
     SpecMetrics& m = h_.metrics();
     m.drafted += n;
-    m.accepted += accepted.size();
-    ++m.verifications;
+    m.verified(int64_t(accepted.size()));
     for (int32_t t : accepted)
       if (!h_.accept(t)) return;
     if (!h_.accept(v.next)) return;
