@@ -1,13 +1,11 @@
-// Every registered strategy that runs on a target and a draft, on an emulated 4-node cluster, with real tokens from the refdata
-// model pairs: the head and the draft on a fast node, the target split over three slow
-// nodes joined by a gigabit link. Device timing profiles stand in for the slow hardware;
-// every token is really computed and checked against plain autoregression.
+// Every registered strategy that runs on a target and a draft, on an emulated cluster, with real tokens from the refdata
+// model pairs: the head and the draft on a fast node, the target split over N slow nodes
+// (3 by default: a 4-node cluster) joined by a gigabit link. Device timing profiles stand in for
+// the slow hardware; every token is really computed and checked against plain autoregression.
 //
-//   bench_strategies [--refdata DIR] [--tokens 64] [--layer-ms 4] [--draft-layer-ms 0.25]
-//                    [--max-runs 8] [--n-draft 4] [--p-accept 0.4] [--csv results.csv]
-//                    [--tree 1,1,3,1]   (also runs every strategy that takes a tree with that shape)
-//                    [--n-parallel 3 --p-split 0.1]   (also runs every strategy that takes
-//                                                      n_parallel, with these branches per run)
+//   bench_strategies --help
+//   bench_strategies --tree 1,1,3,1 --n-parallel 3 --p-split 0.2 --csv build/strategies.csv
+//   python3 bench/plot_strategies.py build/strategies.csv build/strategies.png
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,8 +16,10 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include "specmesh/model/model.hpp"
 #include "specmesh/runtime.hpp"
 #include "specmesh/speculation/registry.hpp"
 
@@ -30,22 +30,46 @@ namespace {
 struct Options {
   std::string refdata = "../shared/refdata";
   int tokens = 64;
+  int stages = 3;
   double layer_ms = 4.0, token_ms = 0.05, draft_layer_ms = 0.25;
   int max_runs = 8, n_draft = 4;
   double p_accept = 0.4;
-  std::string csv, tree;
+  std::string csv, metrics_csv, tree;
+  std::vector<std::string> pairs;
+  bool tune = false;
   int n_parallel = 1;
   double p_split = 0.8;
+};
+
+// The refdata target/draft pairs (they share one tokenizer).
+const std::vector<std::pair<std::string, std::string>> kPairs = {
+    {"stories-target-1M", "stories260K"},
+    {"stories-target-1M", "stories260K-draft-small"},
+    {"stories-target-1M", "stories260K-draft-tiny"},
+    {"stories260K", "stories260K-draft-small"},
 };
 
 // One row of the table: a strategy, with a token-tree shape for those that take one.
 struct Variant {
   const StrategyInfo* info;
   std::string label, tree;
-  bool parallel = false;  // with the bench's n_parallel and p_split
+  bool parallel = false;                 // with the bench's n_parallel and p_split
+  bool defaults = false;                 // the registry's defaults instead of the bench's settings
+  std::map<std::string, double> params;  // settings that override the bench's (a --tune point)
 };
 
-std::string write_topology(const Options& o, const std::string& target, const std::string& draft,
+// What one variant measured over the prompts.
+struct Measured {
+  double tps = 0, ttft = 0, acceptance = 0, tokens_per_ver = 0, tree = 0, deepest = 0, cancelled = 0;
+  bool lossless = true;
+  std::vector<std::vector<int32_t>> ids;  // per prompt
+};
+
+// --tune's grid, per parameter, for the strategies that take it.
+const std::map<std::string, std::vector<double>> kTuneGrid = {
+    {"n_draft", {2, 4, 6, 8}}, {"p_accept", {0.1, 0.3, 0.5}}, {"max_runs", {4, 8}}};
+
+std::string write_topology(const Options& o, const std::string& target, int n_layer, const std::string& draft,
                            const StrategyInfo& strategy, const Variant& variant) {
   static int n = 0;
   const std::string dir = std::filesystem::temp_directory_path() / ("specmesh-bench-" + std::to_string(::getpid()));
@@ -54,11 +78,13 @@ std::string write_topology(const Options& o, const std::string& target, const st
   std::ofstream f(path);
   f << "link = \"gigabit\"\n";
   f << "[run]\nmodel = \"target\"\ndraft = \"draft\"\nstrategy = \"" << strategy.name << "\"\nn_predict = " << o.tokens << "\n";
-  if (!o.csv.empty()) f << "metrics_csv = \"" << std::filesystem::absolute(o.csv).string() << "\"\n";
-  // The bench's settings, for the strategies that take them.
+  if (!o.metrics_csv.empty()) f << "metrics_csv = \"" << std::filesystem::absolute(o.metrics_csv).string() << "\"\n";
+  // The bench's settings (or a tune point's), for the strategies that take them.
   f << "[run.params]\n";
-  const std::map<std::string, double> settings = {
+  std::map<std::string, double> settings = {
       {"n_draft", o.n_draft}, {"p_accept", o.p_accept}, {"max_runs", o.max_runs}, {"max_micro_batch", 4}};
+  if (variant.defaults) settings.clear();
+  for (const auto& [k, v] : variant.params) settings[k] = v;
   for (const auto& [k, v] : settings)
     if (strategy.param(k)) f << k << " = " << v << "\n";
   if (!variant.tree.empty()) f << "tree = \"" << variant.tree << "\"\n";
@@ -67,12 +93,17 @@ std::string write_topology(const Options& o, const std::string& target, const st
   f << "[models.draft]\npath = \"" << o.refdata << "/gguf-models/" << draft << ".gguf\"\n";
   const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(n);
   f << "[nodes.head]\nendpoint = \"inproc://bench-head-" << tag << "\"\nhead = true\n";
-  for (int i = 0; i < 3; ++i) f << "[nodes.slow" << i << "]\nendpoint = \"inproc://bench-slow" << i << "-" << tag << "\"\n";
+  for (int i = 0; i < o.stages; ++i) f << "[nodes.slow" << i << "]\nendpoint = \"inproc://bench-slow" << i << "-" << tag << "\"\n";
   f << "[devices.fast]\nnode = \"head\"\nprofile = { layer_ms = " << o.draft_layer_ms << ", layer_token_ms = 0.01 }\n";
-  for (int i = 0; i < 3; ++i)
+  for (int i = 0; i < o.stages; ++i)
     f << "[devices.slow" << i << "]\nnode = \"slow" << i << "\"\nprofile = { layer_ms = " << o.layer_ms
       << ", layer_token_ms = " << o.token_ms << " }\n";
-  for (int i = 0; i < 3; ++i) f << "[[stages]]\nmodel = \"target\"\ndevice = \"slow" << i << "\"\nfraction = 0.3334\n";
+  // Explicit layer ranges, as even as the target's layers allow (the first stages take the rest).
+  for (int i = 0, begin = 0; i < o.stages; ++i) {
+    const int end = begin + n_layer / o.stages + (i < n_layer % o.stages ? 1 : 0);
+    f << "[[stages]]\nmodel = \"target\"\ndevice = \"slow" << i << "\"\nlayers = [" << begin << ", " << end << "]\n";
+    begin = end;
+  }
   f << "[[stages]]\nmodel = \"draft\"\ndevice = \"fast\"\nfraction = 1.0\n";
   return path;
 }
@@ -82,39 +113,76 @@ std::string write_topology(const Options& o, const std::string& target, const st
 int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::warn);  // the table is the output; connection chatter is not
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string a = argv[i], v = argv[i + 1];
-    if (a == "--refdata") o.refdata = v;
-    else if (a == "--tokens") o.tokens = std::stoi(v);
-    else if (a == "--layer-ms") o.layer_ms = std::stod(v);
-    else if (a == "--draft-layer-ms") o.draft_layer_ms = std::stod(v);
-    else if (a == "--csv") o.csv = v;
-    else if (a == "--max-runs") o.max_runs = std::stoi(v);
-    else if (a == "--n-draft") o.n_draft = std::stoi(v);
-    else if (a == "--p-accept") o.p_accept = std::stod(v);
-    else if (a == "--tree") o.tree = v;
-    else if (a == "--n-parallel") o.n_parallel = std::stoi(v);
-    else if (a == "--p-split") o.p_split = std::stod(v);
-    else {
-      std::fprintf(stderr, "unknown option %s\n", a.c_str());
-      return 2;
-    }
-  }
+  CLI::App app{"Every strategy that takes a target and a draft, on an emulated cluster of paced devices, with the refdata model pairs"};
+  app.add_option("--refdata", o.refdata, "reference data directory (or SPECMESH_REFDATA)")->capture_default_str();
+  app.add_option("--tokens", o.tokens, "tokens generated per prompt")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--stages", o.stages, "target stages, one slow node each (at most the target's layers)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--layer-ms", o.layer_ms, "target device: ms per layer per run")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--layer-token-ms", o.token_ms, "target device: ms per layer per token of a run")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--draft-layer-ms", o.draft_layer_ms, "draft device: ms per layer per run")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--max-runs", o.max_runs, "pipeinfer: target runs in flight")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--n-draft", o.n_draft, "spec: draft tokens per verification")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--p-accept", o.p_accept, "draft confidence cutoff")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app.add_option("--tree", o.tree, "also run every strategy that takes a tree with this shape (e.g. 1,1,3,1)");
+  app.add_option("--n-parallel", o.n_parallel, "also run every strategy that takes n_parallel with this many branches")
+      ->check(CLI::Range(1, 8))->capture_default_str();
+  app.add_option("--p-split", o.p_split, "with --n-parallel: the probability a candidate needs to become a branch")
+      ->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app.add_option("--pairs", o.pairs, "only these target/draft pairs (e.g. stories-target-1M/stories260K-draft-tiny)")->delimiter(',');
+  app.add_flag("--tune", o.tune, "also run spec and pipeinfer at the registry's defaults and at their best point of a small grid")
+      ->capture_default_str();
+  app.add_option("--csv", o.csv, "write the table (one row per pair and strategy) to this CSV file");
+  app.add_option("--metrics-csv", o.metrics_csv, "append every request's metrics to this CSV file");
+  CLI11_PARSE(app, argc, argv);
   if (const char* env = std::getenv("SPECMESH_REFDATA")) o.refdata = env;
   o.refdata = std::filesystem::absolute(o.refdata).string();
   if (!std::filesystem::exists(o.refdata + "/gguf-models/stories260K.gguf")) {
     std::fprintf(stderr, "reference models not found under %s (--refdata DIR)\n", o.refdata.c_str());
     return 2;
   }
-  const std::vector<std::pair<std::string, std::string>> pairs = {
-      {"stories-target-1M", "stories260K"},
-      {"stories-target-1M", "stories260K-draft-small"},
-      {"stories-target-1M", "stories260K-draft-tiny"},
-      {"stories260K", "stories260K-draft-small"},
-  };
+  std::vector<std::pair<std::string, std::string>> pairs;
+  for (const auto& [target, draft] : kPairs)
+    if (o.pairs.empty() || std::find(o.pairs.begin(), o.pairs.end(), target + "/" + draft) != o.pairs.end())
+      pairs.push_back({target, draft});
+  for (const std::string& p : o.pairs)
+    if (std::none_of(kPairs.begin(), kPairs.end(), [&](const auto& k) { return k.first + "/" + k.second == p; })) {
+      std::fprintf(stderr, "--pairs: unknown pair '%s' (the pairs: stories-target-1M/stories260K, "
+                           "stories-target-1M/stories260K-draft-small, stories-target-1M/stories260K-draft-tiny, "
+                           "stories260K/stories260K-draft-small)\n", p.c_str());
+      return 2;
+    }
+  std::map<std::string, int> layers;  // per target
+  for (const auto& [target, draft] : pairs) {
+    const int n = layers[target] = Model::load(o.refdata + "/gguf-models/" + target + ".gguf")->hparams().n_layer;
+    if (o.stages > n) {
+      std::fprintf(stderr, "--stages %d: %s has only %d layers, and each stage needs at least one\n", o.stages, target.c_str(), n);
+      return 2;
+    }
+  }
+  // --csv appends to a table with the same columns (runs at several --stages make one file).
+  const std::string header =
+      "target,draft,strategy,stages,layer_ms,draft_layer_ms,tokens_per_s,ttft_ms,acceptance,tokens_per_verification,"
+      "tree_size,max_accepted_depth,runs_cancelled,lossless";
+  std::FILE* csv = nullptr;
+  if (!o.csv.empty()) {
+    std::string first;
+    std::getline(std::ifstream(o.csv) >> std::ws, first);
+    if (!first.empty() && first != header) {
+      std::fprintf(stderr, "--csv: %s holds a different table (its header: %s)\n", o.csv.c_str(), first.c_str());
+      return 2;
+    }
+    csv = std::fopen(o.csv.c_str(), "a");
+    if (!csv) {
+      std::fprintf(stderr, "--csv: cannot write %s\n", o.csv.c_str());
+      return 2;
+    }
+    if (first.empty()) std::fprintf(csv, "%s\n", header.c_str());
+  }
   const std::vector<std::string> prompts = {"Once upon a time", "Lily and Tom", "Tom had a big red ball"};
-  std::printf("# emulated cluster: 3 slow target nodes (%.2f ms/layer), draft on a fast node (%.2f ms/layer), gigabit link, %d tokens x %zu prompts\n",
-              o.layer_ms, o.draft_layer_ms, o.tokens, prompts.size());
+  std::printf("# emulated cluster: %d slow target nodes (%.2f ms/layer), draft on a fast node (%.2f ms/layer), gigabit link, %d tokens x %zu prompts\n",
+              o.stages, o.layer_ms, o.draft_layer_ms, o.tokens, prompts.size());
   std::printf("%-20s %-24s %-12s %10s %10s %8s %8s %8s %9s %10s %10s\n", "target", "draft", "strategy", "tok/s", "ttft ms",
               "accept", "tok/ver", "tree", "max depth", "cancelled", "lossless");
   // Plain decoding (the registry's default for a lone target) is the reference the others
@@ -129,54 +197,113 @@ int main(int argc, char** argv) {
       runs.push_back({&s, s.name + "-np" + std::to_string(o.n_parallel), "", true});
   }
   for (const auto& [target, draft] : pairs) {
+    const int n_layer = layers.at(target);
     std::map<std::string, double> tps, ttft;
     std::vector<std::vector<int32_t>> reference;
-    for (const Variant& variant : runs) {
-      const StrategyInfo* info = variant.info;
-      const std::string& strategy = variant.label;
-      double tokens = 0, seconds = 0, first = 0, accepted = 0, drafted = 0, verifs = 0, cancelled = 0, deepest = 0;
-      bool lossless = true;
+    // Runs a variant over the prompts; the first one run (plain decoding) is the reference.
+    auto measure = [&](const Variant& variant) {
+      Measured m;
+      double tokens = 0, seconds = 0, first = 0, accepted = 0, drafted = 0, verifs = 0;
       for (size_t i = 0; i < prompts.size(); ++i) {
         // Each request meets an idle cluster, as a user's would; fresh endpoint names, since
         // the previous runtime's inproc sockets may not be released yet.
-        auto rt = Runtime::open(write_topology(o, target, draft, *info, variant));
+        auto rt = Runtime::open(write_topology(o, target, n_layer, draft, *variant.info, variant));
         auto r = rt->generate({.prompt = prompts[i], .n_predict = o.tokens, .ignore_eos = true});
-        if (!r.ok()) {
-          std::fprintf(stderr, "%s: %s\n", strategy.c_str(), r.error.c_str());
-          return 1;
-        }
-        if (&variant == &runs.front()) reference.push_back(r.ids);
-        else lossless = lossless && r.ids == reference[i];
+        if (!r.ok()) throw std::runtime_error(variant.label + ": " + r.error);
+        if (reference.size() < prompts.size()) reference.push_back(r.ids);
+        else m.lossless = m.lossless && r.ids == reference[i];
         tokens += r.stats.generated_tokens - 1;
         seconds += (r.stats.total_ms - r.stats.ttft_ms) / 1000.0;
         first += r.stats.ttft_ms;
         accepted += r.metrics.accepted;
         drafted += r.metrics.drafted;
         verifs += r.metrics.verifications;
-        cancelled += r.metrics.runs_cancelled;
-        deepest = std::max(deepest, double(r.metrics.max_accepted_depth));
+        m.cancelled += r.metrics.runs_cancelled;
+        m.deepest = std::max(m.deepest, double(r.metrics.max_accepted_depth));
       }
-      tps[strategy] = tokens / seconds;
-      ttft[strategy] = first / prompts.size();
-      // tree: draft tokens per verification (a chain's length, or a tree's nodes).
-      std::printf("%-20s %-24s %-12s %10.2f %10.2f %8.2f %8.2f %8.2f %9.0f %10.0f %10s\n", target.c_str(), draft.c_str(),
-                  strategy.c_str(), tps[strategy], ttft[strategy], drafted > 0 ? accepted / drafted : 0.0,
-                  verifs > 0 ? (accepted + verifs) / verifs : 0.0, verifs > 0 ? drafted / verifs : 0.0, deepest,
-                  cancelled, lossless ? "yes" : "NO");
+      m.tps = tokens / seconds;
+      m.ttft = first / prompts.size();
+      m.acceptance = drafted > 0 ? accepted / drafted : 0.0;
+      m.tokens_per_ver = verifs > 0 ? (accepted + verifs) / verifs : 0.0;
+      m.tree = verifs > 0 ? drafted / verifs : 0.0;  // draft tokens per verification (a chain's length, or a tree's nodes)
+      return m;
+    };
+    auto report = [&](const std::string& label, const Measured& m, const std::string& note = "") {
+      tps[label] = m.tps;
+      ttft[label] = m.ttft;
+      std::printf("%-20s %-24s %-12s %10.2f %10.2f %8.2f %8.2f %8.2f %9.0f %10.0f %10s %s\n", target.c_str(), draft.c_str(),
+                  label.c_str(), m.tps, m.ttft, m.acceptance, m.tokens_per_ver, m.tree, m.deepest, m.cancelled,
+                  m.lossless ? "yes" : "NO", note.c_str());
       std::fflush(stdout);
+      if (csv)
+        std::fprintf(csv, "%s,%s,%s,%d,%g,%g,%.3f,%.3f,%.4f,%.4f,%.4f,%.0f,%.0f,%s\n", target.c_str(), draft.c_str(),
+                     label.c_str(), o.stages, o.layer_ms, o.draft_layer_ms, m.tps, m.ttft, m.acceptance, m.tokens_per_ver,
+                     m.tree, m.deepest, m.cancelled, m.lossless ? "yes" : "no");
+    };
+    std::vector<std::string> labels;
+    try {
+      for (const Variant& variant : runs) {
+        report(variant.label, measure(variant));
+        labels.push_back(variant.label);
+        if (!o.tune || &variant == &runs.front() || !variant.tree.empty() || variant.parallel) continue;
+        // --tune: the strategy at the registry's defaults, and at its best point of the grid
+        // (every combination of the grid's parameters the strategy takes).
+        const StrategyInfo& info = *variant.info;
+        Variant d = variant;
+        d.defaults = true;
+        d.label = info.name + "@default";
+        report(d.label, measure(d));
+        labels.push_back(d.label);
+        std::vector<std::map<std::string, double>> points{{}};
+        for (const auto& [k, values] : kTuneGrid) {
+          if (!info.param(k)) continue;
+          std::vector<std::map<std::string, double>> next;
+          for (const auto& pt : points)
+            for (double v : values) {
+              next.push_back(pt);
+              next.back()[k] = v;
+            }
+          points = std::move(next);
+        }
+        Measured best;
+        std::string best_note;
+        for (const auto& pt : points) {
+          Variant t = variant;
+          t.params = pt;
+          const Measured m = measure(t);
+          std::string note;
+          for (const auto& [k, v] : pt) {
+            char buf[48];
+            std::snprintf(buf, sizeof buf, "%s%s=%g", note.empty() ? "" : " ", k.c_str(), v);
+            note += buf;
+          }
+          if (!m.lossless) throw std::runtime_error(info.name + " at " + note + " is not lossless");
+          if (m.tps > best.tps) best = m, best_note = note;
+        }
+        d.label = info.name + "@best";
+        report(d.label, best, "(" + best_note + ", best of " + std::to_string(points.size()) + ")");
+        labels.push_back(d.label);
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      return 1;
     }
-    // Every ratio measured in this run: each strategy against the reference and against the
-    // strategies listed before it.
+    // Every ratio measured in this run: each row against the reference and against the rows
+    // listed before it.
     std::string line;
-    for (size_t a = 1; a < runs.size(); ++a)
+    for (size_t a = 1; a < labels.size(); ++a)
       for (size_t b = 0; b < a; ++b) {
-        const std::string &x = runs[a].label, &y = runs[b].label;
+        const std::string &x = labels[a], &y = labels[b];
         char buf[160];
         std::snprintf(buf, sizeof buf, "%s%s/%s tok/s %.2fx, ttft %.2f", line.empty() ? "" : "; ", x.c_str(), y.c_str(),
                       tps[x] / tps[y], ttft[x] / ttft[y]);
         line += buf;
       }
     std::printf("%-20s %-24s %s\n", "", "", line.c_str());
+  }
+  if (csv && std::fclose(csv) != 0) {
+    std::fprintf(stderr, "--csv: cannot write %s\n", o.csv.c_str());
+    return 1;
   }
   return 0;
 }

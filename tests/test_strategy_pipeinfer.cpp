@@ -106,6 +106,10 @@ TEST(StrategyPipeInfer, PipeInferCancelsRunsBuiltOnARejectedToken) {
   const auto cancels = h.events(EventKind::cancel, kTargetRole);
   ASSERT_EQ(cancels.size(), 1u);
   EXPECT_EQ(cancels[0].runs, (std::vector<uint64_t>{spec[1]->run, spec[2]->run}));
+  // Acceptance counts the drafts that reached a verification: the cancelled runs' never do.
+  EXPECT_EQ(h.metrics().drafted, 1);
+  EXPECT_EQ(h.metrics().accepted, 1);
+  EXPECT_EQ(h.metrics().verifications, 1);
   // The branch's sequence is freed right after the cancel, in order with the runs.
   const auto& ev = h.events();
   auto at = std::find_if(ev.begin(), ev.end(), [](const Event& e) { return e.kind == EventKind::cancel; });

@@ -44,7 +44,7 @@ struct Metrics {
   double ttft_ms = 0;              // start to the first generated token
   double mean_itl_ms = 0;          // mean gap between consecutive generated tokens after the first
   double decode_tokens_per_s = 0;  // generated tokens after the first, per second
-  int64_t drafted = 0;             // draft tokens proposed for verification
+  int64_t drafted = 0;             // draft tokens that reached a verification
   int64_t accepted = 0;            // draft tokens the target accepted
   int64_t verifications = 0;       // target runs that verified drafts
   int64_t max_accepted_depth = 0;  // most draft tokens one verification accepted

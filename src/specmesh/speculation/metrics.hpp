@@ -18,8 +18,8 @@ struct SpecMetrics : Metrics {
   SpecMetrics() = default;
   SpecMetrics(const Metrics& m) : Metrics(m) {}
 
-  // One verification accepted `depth` draft tokens (the drafted count is the strategy's own:
-  // at verification for spec, at launch for pipeinfer, whose cancelled runs drafted too).
+  // One verification accepted `depth` draft tokens. Strategies count `drafted` with it: the
+  // draft tokens that reached that verification (a cancelled run's never do).
   void verified(int64_t depth) {
     ++verifications;
     accepted += depth;

@@ -206,7 +206,10 @@ class PipeInfer final : public Strategy {
       }
     }
     SpecMetrics& mt = c_.metrics();
-    if (r.speculative) mt.verified(matched);
+    if (r.speculative) {
+      mt.drafted += int64_t(r.rows.size());
+      mt.verified(matched);
+    }
     if (gained == 0) ++mt.runs_wasted;
     if (c_.done()) return false;
     if (r.speculative && upto > canon_len_) {
@@ -504,7 +507,6 @@ class PipeInfer final : public Strategy {
     }
     if (r.rows.empty()) return;
     r.id = c_.launch(target(), batch, true);
-    c_.metrics().drafted += int64_t(r.rows.size());
     inflight_.push_back(std::move(r));
     ++burst_;  // each further run in this burst needs more confidence (cutoff())
   }

@@ -248,7 +248,10 @@ StrategyInfo strategy_info_spec() {
     size_t leaves = 1;
     for (int w : tree) leaves = std::min<size_t>(leaves * size_t(w), 1 << 20);
     std::string shape;
-    for (int w : tree) shape += (shape.empty() ? "" : ",") + std::to_string(w);
+    for (int w : tree) {
+      if (!shape.empty()) shape += ',';
+      shape += std::to_string(w);
+    }
     if (nodes > budget)
       throw ParamConflict("tree", "the tree " + shape + " has " + std::to_string(nodes) + " nodes, more than tree_nodes (" +
                                       std::to_string(budget) + ")");
