@@ -159,7 +159,9 @@ std::vector<std::map<int32_t, int>> sample_counts(const std::string& strategy, i
                                                   const std::string& extra = "") {
   const std::string target = "stories260K", draft = "stories260K-draft-tiny";
   // ar takes no parameters; it runs on the same topology, the draft pipeline idle.
-  const std::string params = strategy == "ar" ? "" : "n_draft = 3\np_accept = 0.0\n" + extra;
+  const std::string params = strategy == "ar"          ? ""
+                             : strategy == "pipeinfer" ? "max_micro_batch = 3\np_accept = 0.0\n" + extra
+                                                       : "n_draft = 3\np_accept = 0.0\n" + extra;
   auto rt = Runtime::open(topology(target, draft, strategy, 1, "inproc", params), opts("inproc"));
   std::vector<std::map<int32_t, int>> counts(n);
   for (int i = 0; i < runs; ++i) {
@@ -231,6 +233,23 @@ TEST(Stochastic, TreeSpecTokenFrequenciesMatchAutoregression) {
     auto [chi2, dof] = homogeneity(ar[k], tree[k]);
     ASSERT_GT(dof, 0);
     EXPECT_LT(chi2, chi2_critical(dof)) << "position " << k << ": chi2 " << chi2 << " with " << dof << " dof";
+  }
+}
+
+// PipeInfer at temperature > 0 samples each token from the target row that carries the accepted
+// path and goes on only where a speculative row holds the sampled token: lossless by
+// construction, with one branch and with three.
+TEST(Stochastic, PipeInferTokenFrequenciesMatchAutoregression) {
+  SPECMESH_REQUIRE_REFDATA();
+  const int runs = 600, n = 4;
+  auto ar = sample_counts("ar", runs, n);
+  for (const std::string extra : {"", "n_parallel = 3\np_split = 0.05"}) {
+    auto pipe = sample_counts("pipeinfer", runs, n, extra);
+    for (int k = 0; k < n; ++k) {
+      auto [chi2, dof] = homogeneity(ar[k], pipe[k]);
+      ASSERT_GT(dof, 0);
+      EXPECT_LT(chi2, chi2_critical(dof)) << extra << " position " << k << ": chi2 " << chi2 << " with " << dof << " dof";
+    }
   }
 }
 
