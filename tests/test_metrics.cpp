@@ -76,6 +76,8 @@ SpecMetrics sample_metrics() {
   m.generated_tokens = 128;
   m.ttft_ms = 12.345678901234567;
   m.mean_itl_ms = 1.0 / 3.0;
+  m.itl_p50_ms = 0.25;
+  m.itl_p99_ms = 7.5;
   m.decode_tokens_per_s = 3000.0000000001;
   m.drafted = 400;
   m.accepted = 301;
@@ -108,6 +110,8 @@ void expect_row(const std::vector<std::string>& row, const SpecMetrics& m) {
   EXPECT_EQ(std::stoll(row[16]), m.runs_launched);
   EXPECT_EQ(std::stoll(row[17]), m.runs_cancelled);
   EXPECT_EQ(std::stoll(row[18]), m.runs_wasted);
+  EXPECT_EQ(std::strtod(row[row.size() - 2].c_str(), nullptr), m.itl_p50_ms);
+  EXPECT_EQ(std::strtod(row[row.size() - 1].c_str(), nullptr), m.itl_p99_ms);
 }
 
 TEST(SpecMetrics, DerivedRatios) {
@@ -211,6 +215,8 @@ TEST(SpecMetrics, JsonHasEveryColumn) {
   EXPECT_EQ(j["generated_tokens"], m.generated_tokens);
   EXPECT_EQ(j["ttft_ms"], m.ttft_ms);
   EXPECT_EQ(j["mean_itl_ms"], m.mean_itl_ms);
+  EXPECT_EQ(j["itl_p50_ms"], m.itl_p50_ms);
+  EXPECT_EQ(j["itl_p99_ms"], m.itl_p99_ms);
   EXPECT_EQ(j["decode_tokens_per_s"], m.decode_tokens_per_s);
   EXPECT_EQ(j["drafted"], m.drafted);
   EXPECT_EQ(j["accepted"], m.accepted);
@@ -242,6 +248,8 @@ TEST(TokenRecorder, LatencyFromAcceptanceTimes) {
   EXPECT_DOUBLE_EQ(m.ttft_ms, 50.0);
   // Gaps 30, 0, 0, 20 ms after the first token.
   EXPECT_DOUBLE_EQ(m.mean_itl_ms, 12.5);
+  EXPECT_DOUBLE_EQ(m.itl_p50_ms, 0.0);  // half the tokens came in a burst
+  EXPECT_DOUBLE_EQ(m.itl_p99_ms, 30.0);
   EXPECT_DOUBLE_EQ(m.decode_tokens_per_s, 80.0);
   EXPECT_THROW(rec.accept(1, t0 + 90ms), std::invalid_argument);
   EXPECT_THROW(rec.accept(-1, t0 + 200ms), std::invalid_argument);
@@ -253,6 +261,7 @@ TEST(TokenRecorder, LatencyFromAcceptanceTimes) {
   EXPECT_EQ(m.generated_tokens, 1);
   EXPECT_DOUBLE_EQ(m.ttft_ms, 7.0);
   EXPECT_EQ(m.mean_itl_ms, 0.0);
+  EXPECT_EQ(m.itl_p99_ms, 0.0);
   EXPECT_EQ(m.decode_tokens_per_s, 0.0);
 
   // All at once: no interval to measure a rate over.

@@ -43,6 +43,8 @@ struct Metrics {
   int64_t generated_tokens = 0;
   double ttft_ms = 0;              // start to the first generated token
   double mean_itl_ms = 0;          // mean gap between consecutive generated tokens after the first
+  double itl_p50_ms = 0;           // median of those gaps (0 when most tokens come in bursts)
+  double itl_p99_ms = 0;           // their 99th percentile (nearest rank)
   double decode_tokens_per_s = 0;  // generated tokens after the first, per second
   int64_t drafted = 0;             // draft tokens that reached a verification
   int64_t accepted = 0;            // draft tokens the target accepted

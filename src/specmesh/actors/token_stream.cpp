@@ -6,7 +6,6 @@ namespace specmesh {
 
 TokenStream::TokenStream(SessionPtr session, const Model& target, int default_n_predict, std::string metrics_csv)
     : session_(std::move(session)), target_(target), metrics_csv_(std::move(metrics_csv)) {
-  t0_ = t_last_ = Clock::now();
   const Tokenizer& tok = target.tokenizer();
   result_.prompt_ids = tok.encode_prompt(session_->request.prompt);
   result_.stats.prompt_tokens = int(result_.prompt_ids.size());
@@ -19,16 +18,13 @@ TokenStream::TokenStream(SessionPtr session, const Model& target, int default_n_
 
 bool TokenStream::accept(int32_t token) {
   if (done_) return false;
-  const auto now = Clock::now();
-  const double since_start = std::chrono::duration<double, std::milli>(now - t0_).count();
+  const auto now = TokenRecorder::Clock::now();
   if (!session_->request.ignore_eos && target_.stops_at(token)) {
-    if (result_.ids.empty()) result_.stats.ttft_ms = since_start;
+    if (result_.ids.empty()) stop_ms_ = std::chrono::duration<double, std::milli>(now - clock_.start()).count();
     finish();
     return false;
   }
-  if (result_.ids.empty()) result_.stats.ttft_ms = since_start;
-  else itl_sum_ms_ += std::chrono::duration<double, std::milli>(now - t_last_).count();
-  t_last_ = now;
+  clock_.accept(1, now);
   tokens_.push_back(token);
   result_.ids.push_back(token);
   ++result_.stats.generated_tokens;
@@ -48,13 +44,12 @@ void TokenStream::finish(std::string error) {
   done_ = true;
   result_.text += decoder_->flush();
   result_.error = std::move(error);
+  clock_.fill(metrics_);
+  if (stop_ms_ >= 0) metrics_.ttft_ms = stop_ms_;  // the stop token was the first one
   GenerationStats& st = result_.stats;
-  st.total_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0_).count();
-  if (st.generated_tokens > 1) st.decode_tokens_per_s = (st.generated_tokens - 1) / (itl_sum_ms_ / 1000.0);
-  metrics_.generated_tokens = st.generated_tokens;
-  metrics_.ttft_ms = st.ttft_ms;
-  metrics_.decode_tokens_per_s = st.decode_tokens_per_s;
-  metrics_.mean_itl_ms = st.generated_tokens > 1 ? itl_sum_ms_ / (st.generated_tokens - 1) : 0;
+  st.total_ms = std::chrono::duration<double, std::milli>(TokenRecorder::Clock::now() - clock_.start()).count();
+  st.ttft_ms = metrics_.ttft_ms;
+  st.decode_tokens_per_s = metrics_.decode_tokens_per_s;
   if (!result_.ok()) spdlog::error("generation failed after {} tokens: {}", result_.ids.size(), result_.error);
   if (!metrics_csv_.empty() && session_->record_metrics) {
     try {

@@ -2,7 +2,6 @@
 // generation, and timings become the result's statistics and metrics.
 #pragma once
 
-#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,7 +31,6 @@ class TokenStream {
   void finish(std::string error = {});
 
  private:
-  using Clock = std::chrono::steady_clock;
   SessionPtr session_;
   const Model& target_;
   std::string metrics_csv_;
@@ -42,8 +40,8 @@ class TokenStream {
   std::vector<int32_t> tokens_;
   int n_predict_ = 0;
   bool done_ = false;
-  Clock::time_point t0_, t_last_;
-  double itl_sum_ms_ = 0;
+  TokenRecorder clock_;  // when each token was accepted
+  double stop_ms_ = -1;  // when a stop token ended the generation before any token
 };
 
 }  // namespace specmesh

@@ -1,6 +1,8 @@
 #include "specmesh/speculation/metrics.hpp"
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <charconv>
 #include <cstring>
 #include <filesystem>
@@ -56,7 +58,7 @@ const std::vector<std::string>& SpecMetrics::csv_columns() {
       "decode_tokens_per_s", "drafted", "accepted", "acceptance_rate", "verifications", "tokens_per_verification",
       "tree_size", "accepted_depth", "max_accepted_depth",
       "runs_launched", "runs_cancelled", "runs_wasted", "attention_checks", "attention_hits", "attention_hit_rate",
-      "overlap_saved_ms"};
+      "overlap_saved_ms", "itl_p50_ms", "itl_p99_ms"};
   return cols;
 }
 
@@ -83,7 +85,9 @@ std::vector<std::string> SpecMetrics::csv_values() const {
           std::to_string(attention_checks),
           std::to_string(attention_hits),
           number(attention_hit_rate()),
-          number(overlap_saved_ms)};
+          number(overlap_saved_ms),
+          number(itl_p50_ms),
+          number(itl_p99_ms)};
 }
 
 nlohmann::json SpecMetrics::to_json() const {
@@ -94,6 +98,8 @@ nlohmann::json SpecMetrics::to_json() const {
           {"generated_tokens", generated_tokens},
           {"ttft_ms", ttft_ms},
           {"mean_itl_ms", mean_itl_ms},
+          {"itl_p50_ms", itl_p50_ms},
+          {"itl_p99_ms", itl_p99_ms},
           {"decode_tokens_per_s", decode_tokens_per_s},
           {"drafted", drafted},
           {"accepted", accepted},
@@ -155,13 +161,20 @@ void TokenRecorder::fill(SpecMetrics& m) const {
   const size_t n = times_.size();
   m.generated_tokens = int64_t(n);
   m.ttft_ms = n ? ms(times_.front() - start_) : 0.0;
-  m.mean_itl_ms = 0;
+  m.mean_itl_ms = m.itl_p50_ms = m.itl_p99_ms = 0;
   m.decode_tokens_per_s = 0;
   if (n < 2) return;
   // The gaps telescope: their mean is the span from the first to the last token over n-1.
   const double span = ms(times_.back() - times_.front());
   m.mean_itl_ms = span / double(n - 1);
   if (span > 0) m.decode_tokens_per_s = double(n - 1) / (span / 1000.0);
+  std::vector<double> gaps(n - 1);
+  for (size_t k = 1; k < n; ++k) gaps[k - 1] = ms(times_[k] - times_[k - 1]);
+  std::sort(gaps.begin(), gaps.end());
+  // Nearest rank: the smallest gap at least the share p of the gaps do not exceed.
+  auto rank = [&](double p) { return gaps[size_t(std::max(1.0, std::ceil(p * double(gaps.size())))) - 1]; };
+  m.itl_p50_ms = rank(0.50);
+  m.itl_p99_ms = rank(0.99);
 }
 
 }  // namespace specmesh
