@@ -202,6 +202,46 @@ TEST(GgufReader, MissingFileIsAFormatError) {
   }
 }
 
+// Bytes in memory (MappedFile::copy_of) go through the same readers as the files they came from.
+TEST(GgufReader, ModelsLoadFromBytesInMemory) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string gguf = refdata("gguf-models/stories260K.gguf");
+  const Bytes bytes = read_bytes(gguf);
+  GgufFile mapped(gguf), copied(MappedFile::copy_of(bytes, "copy.gguf"));
+  EXPECT_EQ(copied.path(), "copy.gguf");
+  ASSERT_EQ(copied.tensors().size(), mapped.tensors().size());
+  EXPECT_EQ(copied.metadata().size(), mapped.metadata().size());
+  for (size_t i = 0; i < mapped.tensors().size(); ++i) {
+    const auto &a = mapped.tensors()[i], &b = copied.tensors()[i];
+    EXPECT_EQ(a.name, b.name);
+    ASSERT_EQ(a.nbytes, b.nbytes);
+    EXPECT_EQ(std::memcmp(a.data, b.data, a.nbytes), 0) << a.name;
+  }
+
+  auto from_path = Model::load(gguf);
+  auto from_bytes = Model::load(MappedFile::copy_of(bytes, "copy.gguf"));
+  EXPECT_EQ(from_bytes->path(), "copy.gguf");
+  EXPECT_EQ(from_bytes->hparams().n_layer, from_path->hparams().n_layer);
+  EXPECT_EQ(from_bytes->tokenizer().encode("Once upon a time", true), from_path->tokenizer().encode("Once upon a time", true));
+
+  // llama2.c: the tokenizer file's bytes too; without them the error is the one for a missing -z.
+  const Bytes bin = read_bytes(refdata("llama2c/stories260K.bin"));
+  const MappedFile tok = MappedFile::copy_of(read_bytes(refdata("llama2c/tok512.bin")), "tok.bin");
+  auto c = Model::load(MappedFile::copy_of(bin, "m.bin"), &tok);
+  EXPECT_EQ(c->format(), "llama2c");
+  EXPECT_EQ(c->tokenizer().encode("Once upon a time", true), from_path->tokenizer().encode("Once upon a time", true));
+  try {
+    Model::load(MappedFile::copy_of(bin, "m.bin"));
+    ADD_FAILURE() << "loaded a llama2.c checkpoint without its tokenizer";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("m.bin: a llama2.c checkpoint needs its tokenizer file"), std::string::npos)
+        << e.what();
+  }
+  // Errors name the name given, and an empty buffer is a file too short to be anything.
+  EXPECT_THROW(GgufFile(MappedFile::copy_of(Bytes(bytes.begin(), bytes.begin() + 100), "cut.gguf")), FormatError);
+  EXPECT_THROW(Model::load(MappedFile::copy_of({}, "empty")), FormatError);
+}
+
 // ============================================================================ writer
 
 using GgufWriterTest = TmpDir;

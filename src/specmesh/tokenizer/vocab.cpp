@@ -93,8 +93,12 @@ Vocab vocab_from_gguf(const GgufFile& f) {
 }
 
 Vocab vocab_from_llama2c(const std::string& path, int n_vocab) {
+  return vocab_from_llama2c(MappedFile(path), n_vocab);
+}
+
+Vocab vocab_from_llama2c(const MappedFile& file, int n_vocab) {
+  const std::string& path = file.path();
   if (n_vocab <= 0) throw FormatError(path + ": vocabulary size must be positive, got " + std::to_string(n_vocab));
-  MappedFile file(path);
   const uint8_t* p = file.data();
   const size_t size = file.size();
   size_t off = 0;
