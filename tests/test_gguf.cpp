@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <random>
@@ -884,6 +885,59 @@ TEST_F(SyntheticModel, LoadsAsAModel) {
     EXPECT_FLOAT_EQ(hp.rms_eps, s.rms_eps);
     EXPECT_EQ(hp.rope, std::string(arch) == "llama" ? RopeStyle::Interleaved : RopeStyle::Neox);
   }
+}
+
+// ============================================================================ defective models
+
+namespace {
+
+// A copy of the GGUF at src with edit() applied to its metadata; the tensors are unchanged.
+void rewrite_gguf(const std::string& src, const std::string& dst, const std::function<void(GgufWriter&)>& edit) {
+  GgufFile f(src);
+  GgufWriter w;
+  for (const auto& kv : f.metadata()) w.set(kv.key, kv.value);
+  for (const auto& t : f.tensors())
+    w.add_tensor_view(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims), t.data);
+  edit(w);
+  w.write(dst);
+}
+
+// Model::load must refuse the file with a FormatError naming the file and every given word.
+void expect_model_rejected(const std::string& path, std::initializer_list<const char*> words) {
+  try {
+    Model::load(path);
+    ADD_FAILURE() << "loaded " << path;
+  } catch (const FormatError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(path), std::string::npos) << "does not name the file: " << msg;
+    for (const char* w : words) EXPECT_NE(msg.find(w), std::string::npos) << "does not say '" << w << "': " << msg;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a FormatError: " << e.what();
+  }
+}
+
+}  // namespace
+
+// Found by fuzzing (fuzz/gguf.cpp): a merge without a space escaped as the tokenizer's
+// std::invalid_argument, which names neither the file nor the key.
+TEST_F(SyntheticModel, MergeWithoutASpaceIsAFormatError) {
+  write_synthetic_model(small_spec("llama"), path("spm.gguf"));
+  for (const char* merge : {"i$c", " ab", ""}) {
+    SCOPED_TRACE(merge);
+    rewrite_gguf(path("spm.gguf"), path("bpe.gguf"), [&](GgufWriter& w) {
+      w.set_string("tokenizer.ggml.model", "gpt2");
+      w.set_string("tokenizer.ggml.pre", "gpt-2");
+      w.set_array_strings("tokenizer.ggml.merges", std::vector<std::string>{"a b", merge});
+    });
+    expect_model_rejected(path("bpe.gguf"), {"tokenizer.ggml.merges", "merge 1"});
+  }
+  // The same file with a well-formed merge loads.
+  rewrite_gguf(path("spm.gguf"), path("bpe.gguf"), [&](GgufWriter& w) {
+    w.set_string("tokenizer.ggml.model", "gpt2");
+    w.set_string("tokenizer.ggml.pre", "gpt-2");
+    w.set_array_strings("tokenizer.ggml.merges", std::vector<std::string>{"a b", "i $c"});
+  });
+  EXPECT_EQ(Model::load(path("bpe.gguf"))->tokenizer().vocab().merges.size(), 2u);
 }
 
 // ============================================================================ corrupted files

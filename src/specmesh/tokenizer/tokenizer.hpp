@@ -39,6 +39,10 @@ Vocab vocab_from_gguf(const GgufFile& file);
 Vocab vocab_from_llama2c(const std::string& path, int n_vocab);
 Vocab vocab_from_llama2c(const MappedFile& file, int n_vocab);
 
+// Where a BPE merge "left right" splits: at the first space after its first character, as
+// llama.cpp splits it; npos when there is none (a malformed merge).
+size_t bpe_merge_split(std::string_view merge);
+
 // Pre-tokenizer families of byte-level BPE vocabularies (tokenizer.ggml.pre values, as
 // llama.cpp spells them). Unknown names are rejected, as llama.cpp does.
 bool is_known_pre_tokenizer(std::string_view pre);

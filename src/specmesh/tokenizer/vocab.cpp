@@ -61,6 +61,10 @@ Vocab vocab_from_gguf(const GgufFile& f) {
     if (!m || !m->is_array() || (m->array_size() > 0 && m->elem_type != GgufType::STRING))
       throw bad("a gpt2 vocabulary needs tokenizer.ggml.merges (string array)");
     v.merges = m->strings;
+    for (size_t r = 0; r < v.merges.size(); ++r)
+      if (bpe_merge_split(v.merges[r]) == std::string::npos)
+        throw bad("tokenizer.ggml.merges: merge " + std::to_string(r) + " is not two pieces split by a space: '" +
+                  v.merges[r] + "'");
     v.pre = f.get_string("tokenizer.ggml.pre").value_or("default");
     if (!is_known_pre_tokenizer(v.pre)) throw bad("unknown pre-tokenizer type '" + v.pre + "'");
   } else {
