@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <random>
@@ -200,6 +201,46 @@ TEST(GgufReader, MissingFileIsAFormatError) {
   } catch (const FormatError& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/dir/model.gguf"), std::string::npos) << e.what();
   }
+}
+
+// Bytes in memory (MappedFile::copy_of) go through the same readers as the files they came from.
+TEST(GgufReader, ModelsLoadFromBytesInMemory) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string gguf = refdata("gguf-models/stories260K.gguf");
+  const Bytes bytes = read_bytes(gguf);
+  GgufFile mapped(gguf), copied(MappedFile::copy_of(bytes, "copy.gguf"));
+  EXPECT_EQ(copied.path(), "copy.gguf");
+  ASSERT_EQ(copied.tensors().size(), mapped.tensors().size());
+  EXPECT_EQ(copied.metadata().size(), mapped.metadata().size());
+  for (size_t i = 0; i < mapped.tensors().size(); ++i) {
+    const auto &a = mapped.tensors()[i], &b = copied.tensors()[i];
+    EXPECT_EQ(a.name, b.name);
+    ASSERT_EQ(a.nbytes, b.nbytes);
+    EXPECT_EQ(std::memcmp(a.data, b.data, a.nbytes), 0) << a.name;
+  }
+
+  auto from_path = Model::load(gguf);
+  auto from_bytes = Model::load(MappedFile::copy_of(bytes, "copy.gguf"));
+  EXPECT_EQ(from_bytes->path(), "copy.gguf");
+  EXPECT_EQ(from_bytes->hparams().n_layer, from_path->hparams().n_layer);
+  EXPECT_EQ(from_bytes->tokenizer().encode("Once upon a time", true), from_path->tokenizer().encode("Once upon a time", true));
+
+  // llama2.c: the tokenizer file's bytes too; without them the error is the one for a missing -z.
+  const Bytes bin = read_bytes(refdata("llama2c/stories260K.bin"));
+  const MappedFile tok = MappedFile::copy_of(read_bytes(refdata("llama2c/tok512.bin")), "tok.bin");
+  auto c = Model::load(MappedFile::copy_of(bin, "m.bin"), &tok);
+  EXPECT_EQ(c->format(), "llama2c");
+  EXPECT_EQ(c->tokenizer().encode("Once upon a time", true), from_path->tokenizer().encode("Once upon a time", true));
+  try {
+    Model::load(MappedFile::copy_of(bin, "m.bin"));
+    ADD_FAILURE() << "loaded a llama2.c checkpoint without its tokenizer";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("m.bin: a llama2.c checkpoint needs its tokenizer file"), std::string::npos)
+        << e.what();
+  }
+  // Errors name the name given, and an empty buffer is a file too short to be anything.
+  EXPECT_THROW(GgufFile(MappedFile::copy_of(Bytes(bytes.begin(), bytes.begin() + 100), "cut.gguf")), FormatError);
+  EXPECT_THROW(Model::load(MappedFile::copy_of({}, "empty")), FormatError);
 }
 
 // ============================================================================ writer
@@ -844,6 +885,59 @@ TEST_F(SyntheticModel, LoadsAsAModel) {
     EXPECT_FLOAT_EQ(hp.rms_eps, s.rms_eps);
     EXPECT_EQ(hp.rope, std::string(arch) == "llama" ? RopeStyle::Interleaved : RopeStyle::Neox);
   }
+}
+
+// ============================================================================ defective models
+
+namespace {
+
+// A copy of the GGUF at src with edit() applied to its metadata; the tensors are unchanged.
+void rewrite_gguf(const std::string& src, const std::string& dst, const std::function<void(GgufWriter&)>& edit) {
+  GgufFile f(src);
+  GgufWriter w;
+  for (const auto& kv : f.metadata()) w.set(kv.key, kv.value);
+  for (const auto& t : f.tensors())
+    w.add_tensor_view(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims), t.data);
+  edit(w);
+  w.write(dst);
+}
+
+// Model::load must refuse the file with a FormatError naming the file and every given word.
+void expect_model_rejected(const std::string& path, std::initializer_list<const char*> words) {
+  try {
+    Model::load(path);
+    ADD_FAILURE() << "loaded " << path;
+  } catch (const FormatError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(path), std::string::npos) << "does not name the file: " << msg;
+    for (const char* w : words) EXPECT_NE(msg.find(w), std::string::npos) << "does not say '" << w << "': " << msg;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a FormatError: " << e.what();
+  }
+}
+
+}  // namespace
+
+// Found by fuzzing (fuzz/gguf.cpp): a merge without a space escaped as the tokenizer's
+// std::invalid_argument, which names neither the file nor the key.
+TEST_F(SyntheticModel, MergeWithoutASpaceIsAFormatError) {
+  write_synthetic_model(small_spec("llama"), path("spm.gguf"));
+  for (const char* merge : {"i$c", " ab", ""}) {
+    SCOPED_TRACE(merge);
+    rewrite_gguf(path("spm.gguf"), path("bpe.gguf"), [&](GgufWriter& w) {
+      w.set_string("tokenizer.ggml.model", "gpt2");
+      w.set_string("tokenizer.ggml.pre", "gpt-2");
+      w.set_array_strings("tokenizer.ggml.merges", std::vector<std::string>{"a b", merge});
+    });
+    expect_model_rejected(path("bpe.gguf"), {"tokenizer.ggml.merges", "merge 1"});
+  }
+  // The same file with a well-formed merge loads.
+  rewrite_gguf(path("spm.gguf"), path("bpe.gguf"), [&](GgufWriter& w) {
+    w.set_string("tokenizer.ggml.model", "gpt2");
+    w.set_string("tokenizer.ggml.pre", "gpt-2");
+    w.set_array_strings("tokenizer.ggml.merges", std::vector<std::string>{"a b", "i $c"});
+  });
+  EXPECT_EQ(Model::load(path("bpe.gguf"))->tokenizer().vocab().merges.size(), 2u);
 }
 
 // ============================================================================ corrupted files

@@ -129,6 +129,10 @@ bool is_gguf_file(const std::string& path) {
   return f.read(m, 4) && std::memcmp(m, "GGUF", 4) == 0;
 }
 
+bool is_gguf_file(const MappedFile& file) {
+  return file.size() >= 4 && std::memcmp(file.data(), "GGUF", 4) == 0;
+}
+
 std::string_view gguf_type_name(GgufType t) {
   static constexpr std::string_view names[] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32",
                                                 "bool", "string", "array", "u64", "i64", "f64"};
@@ -136,7 +140,9 @@ std::string_view gguf_type_name(GgufType t) {
   return i < std::size(names) ? names[i] : "unknown";
 }
 
-GgufFile::GgufFile(const std::string& path) : map_(path) {
+GgufFile::GgufFile(const std::string& path) : GgufFile(MappedFile(path)) {}
+
+GgufFile::GgufFile(MappedFile file) : map_(std::move(file)) {
   Cursor c(map_.data(), map_.size(), map_.path());
   uint32_t magic = c.read<uint32_t>("magic");
   if (magic != kMagic) c.fail("not a GGUF file (bad magic)");

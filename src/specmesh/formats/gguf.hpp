@@ -54,11 +54,14 @@ struct GgufTensorInfo {
 
 // Whether the file starts with the GGUF magic (false when it cannot be read).
 bool is_gguf_file(const std::string& path);
+bool is_gguf_file(const MappedFile& file);
 
 class GgufFile {
  public:
   // Parses and validates the whole file; throws FormatError naming the file and the defect.
   explicit GgufFile(const std::string& path);
+  // The same over a file already mapped, or bytes in memory (MappedFile::copy_of).
+  explicit GgufFile(MappedFile file);
 
   const std::string& path() const { return map_.path(); }
   uint32_t version() const { return version_; }

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <new>
 #include <utility>
 
 namespace specmesh {
@@ -28,20 +29,42 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
       throw FormatError(path + ": mmap failed: " + std::strerror(e));
     }
     data_ = static_cast<const uint8_t*>(p);
+    mapped_ = true;
   }
   ::close(fd);
 }
 
-MappedFile::~MappedFile() {
-  if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+namespace {
+constexpr std::align_val_t kCopyAlignment{64};
 }
+
+MappedFile MappedFile::copy_of(std::span<const uint8_t> bytes, std::string name) {
+  MappedFile f;
+  f.path_ = std::move(name);
+  if (!bytes.empty()) {
+    auto* p = static_cast<uint8_t*>(::operator new[](bytes.size(), kCopyAlignment));
+    std::memcpy(p, bytes.data(), bytes.size());
+    f.data_ = p;
+    f.size_ = bytes.size();
+  }
+  return f;
+}
+
+void MappedFile::release() noexcept {
+  if (!data_) return;
+  if (mapped_) ::munmap(const_cast<uint8_t*>(data_), size_);
+  else ::operator delete[](const_cast<uint8_t*>(data_), kCopyAlignment);
+}
+
+MappedFile::~MappedFile() { release(); }
 
 MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
   if (this != &o) {
-    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+    release();
     path_ = std::move(o.path_);
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
+    mapped_ = std::exchange(o.mapped_, false);
   }
   return *this;
 }

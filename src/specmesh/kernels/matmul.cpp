@@ -15,6 +15,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #define SPECMESH_HAVE_AVX2_TU 1
+#include <cpuid.h>
 #endif
 
 namespace specmesh {
@@ -140,7 +141,10 @@ enum class Isa : int { Scalar = 0, Avx2 = 1 };
 
 bool cpu_has_avx2() {
 #ifdef SPECMESH_HAVE_AVX2_TU
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  // F16C through cpuid: clang's __builtin_cpu_supports does not know "f16c".
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 #else
   return false;
 #endif

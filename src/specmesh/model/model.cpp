@@ -8,11 +8,18 @@
 namespace specmesh {
 
 std::unique_ptr<Model> Model::load(const std::string& path, const std::string& tokenizer_path) {
+  MappedFile file(path);
+  if (is_gguf_file(file) || tokenizer_path.empty()) return load(std::move(file));
+  const MappedFile tokenizer(tokenizer_path);
+  return load(std::move(file), &tokenizer);
+}
+
+std::unique_ptr<Model> Model::load(MappedFile file, const MappedFile* tokenizer) {
   std::unique_ptr<Model> m(new Model());
-  m->path_ = path;
+  m->path_ = file.path();
   // GGUF files say so; llama2.c checkpoints start with a bare header.
-  if (is_gguf_file(path)) m->load_gguf(path);
-  else m->load_llama2c(path, tokenizer_path);
+  if (is_gguf_file(file)) m->load_gguf(std::move(file));
+  else m->load_llama2c(std::move(file), tokenizer);
   return m;
 }
 
@@ -31,10 +38,11 @@ bool Model::stops_at(int32_t token) const {
 
 // ---------------------------------------------------------------- GGUF
 
-void Model::load_gguf(const std::string& path) {
+void Model::load_gguf(MappedFile file) {
   format_ = "gguf";
-  gguf_ = std::make_shared<GgufFile>(path);
+  gguf_ = std::make_shared<GgufFile>(std::move(file));
   const GgufFile& f = *gguf_;
+  const std::string& path = f.path();
   auto fail = [&](const std::string& what) -> void { throw FormatError(path + ": " + what); };
 
   std::string arch = f.get_string("general.architecture").value_or("");
@@ -128,9 +136,10 @@ void Model::load_gguf(const std::string& path) {
 
 // ---------------------------------------------------------------- llama2.c
 
-void Model::load_llama2c(const std::string& path, const std::string& tokenizer_path) {
+void Model::load_llama2c(MappedFile file, const MappedFile* tokenizer) {
   format_ = "llama2c";
-  map_ = MappedFile(path);
+  map_ = std::move(file);
+  const std::string& path = map_.path();
   auto fail = [&](const std::string& what) -> void { throw FormatError(path + ": " + what); };
   if (map_.size() < 28) fail("too small for a llama2.c header (and not a GGUF file)");
   int32_t h[7];
@@ -196,8 +205,8 @@ void Model::load_llama2c(const std::string& path, const std::string& tokenizer_p
     l.w_up = mat(w3 + i * dim * hidden, hidden, dim);
   }
 
-  if (tokenizer_path.empty()) fail("a llama2.c checkpoint needs its tokenizer file (-z tok512.bin)");
-  tokenizer_ = std::make_unique<Tokenizer>(vocab_from_llama2c(tokenizer_path, vocab));
+  if (!tokenizer) fail("a llama2.c checkpoint needs its tokenizer file (-z tok512.bin)");
+  tokenizer_ = std::make_unique<Tokenizer>(vocab_from_llama2c(*tokenizer, vocab));
 }
 
 }  // namespace specmesh

@@ -52,6 +52,9 @@ class Model {
  public:
   // Loads a GGUF file, or a llama2.c checkpoint (then tokenizer_path names its tok*.bin).
   static std::unique_ptr<Model> load(const std::string& path, const std::string& tokenizer_path = "");
+  // The same from a file's bytes (mapped, or MappedFile::copy_of bytes in memory); a llama2.c
+  // checkpoint needs its tokenizer file's bytes too, a GGUF file ignores `tokenizer`.
+  static std::unique_ptr<Model> load(MappedFile file, const MappedFile* tokenizer = nullptr);
 
   const HParams& hparams() const { return hp_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
@@ -71,8 +74,8 @@ class Model {
 
  private:
   Model() = default;
-  void load_gguf(const std::string& path);
-  void load_llama2c(const std::string& path, const std::string& tokenizer_path);
+  void load_gguf(MappedFile file);
+  void load_llama2c(MappedFile file, const MappedFile* tokenizer);
 
   HParams hp_;
   std::string path_;

@@ -114,6 +114,8 @@ struct Tokenizer::Impl {
   void encode_bpe(std::string_view text, std::vector<int32_t>& out) const;
 };
 
+size_t bpe_merge_split(std::string_view merge) { return merge.find(' ', 1); }
+
 Tokenizer::Tokenizer(Vocab vocab) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.v = std::move(vocab);
@@ -139,8 +141,7 @@ Tokenizer::Tokenizer(Vocab vocab) : impl_(std::make_unique<Impl>()) {
     m.bpe_ranks.reserve(v.merges.size());
     for (size_t r = 0; r < v.merges.size(); ++r) {
       const std::string& s = v.merges[r];
-      // Split at the first space after the first character, as llama.cpp does.
-      const size_t sp = s.find(' ', 1);
+      const size_t sp = bpe_merge_split(s);
       if (sp == std::string::npos) throw std::invalid_argument("tokenizer: merge " + std::to_string(r) + " has no space: '" + s + "'");
       std::string key = s.substr(0, sp);
       key += '\xFF';

@@ -10,6 +10,7 @@
 namespace specmesh {
 
 class GgufFile;
+class MappedFile;
 
 // tokenizer.ggml.token_type values.
 enum class TokenType : int32_t {
@@ -36,6 +37,11 @@ struct Vocab {
 Vocab vocab_from_gguf(const GgufFile& file);
 // Reads a llama2.c tokenizer file (tok512.bin / tokenizer.bin) for a model of n_vocab tokens.
 Vocab vocab_from_llama2c(const std::string& path, int n_vocab);
+Vocab vocab_from_llama2c(const MappedFile& file, int n_vocab);
+
+// Where a BPE merge "left right" splits: at the first space after its first character, as
+// llama.cpp splits it; npos when there is none (a malformed merge).
+size_t bpe_merge_split(std::string_view merge);
 
 // Pre-tokenizer families of byte-level BPE vocabularies (tokenizer.ggml.pre values, as
 // llama.cpp spells them). Unknown names are rejected, as llama.cpp does.

@@ -61,6 +61,10 @@ Vocab vocab_from_gguf(const GgufFile& f) {
     if (!m || !m->is_array() || (m->array_size() > 0 && m->elem_type != GgufType::STRING))
       throw bad("a gpt2 vocabulary needs tokenizer.ggml.merges (string array)");
     v.merges = m->strings;
+    for (size_t r = 0; r < v.merges.size(); ++r)
+      if (bpe_merge_split(v.merges[r]) == std::string::npos)
+        throw bad("tokenizer.ggml.merges: merge " + std::to_string(r) + " is not two pieces split by a space: '" +
+                  v.merges[r] + "'");
     v.pre = f.get_string("tokenizer.ggml.pre").value_or("default");
     if (!is_known_pre_tokenizer(v.pre)) throw bad("unknown pre-tokenizer type '" + v.pre + "'");
   } else {
@@ -93,8 +97,12 @@ Vocab vocab_from_gguf(const GgufFile& f) {
 }
 
 Vocab vocab_from_llama2c(const std::string& path, int n_vocab) {
+  return vocab_from_llama2c(MappedFile(path), n_vocab);
+}
+
+Vocab vocab_from_llama2c(const MappedFile& file, int n_vocab) {
+  const std::string& path = file.path();
   if (n_vocab <= 0) throw FormatError(path + ": vocabulary size must be positive, got " + std::to_string(n_vocab));
-  MappedFile file(path);
   const uint8_t* p = file.data();
   const size_t size = file.size();
   size_t off = 0;
