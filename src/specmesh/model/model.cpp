@@ -79,10 +79,15 @@ void Model::load_gguf(MappedFile file) {
     size_t d = 0;
     for (int64_t want : shape) {
       if (t->ne[d] != want) {
-        std::string got, exp;
-        for (uint32_t k = 0; k < t->n_dims; ++k) got += (k ? "," : "") + std::to_string(t->ne[k]);
-        size_t k = 0;
-        for (int64_t s : shape) exp += (k++ ? "," : "") + std::to_string(s);
+        auto join = [](auto begin, auto end) {
+          std::string text;
+          for (auto it = begin; it != end; ++it) {
+            if (it != begin) text += ',';
+            text += std::to_string(*it);
+          }
+          return text;
+        };
+        const std::string got = join(t->ne, t->ne + t->n_dims), exp = join(shape.begin(), shape.end());
         fail("tensor '" + name + "' has shape {" + got + "}, expected {" + exp + "}");
       }
       ++d;
