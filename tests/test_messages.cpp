@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <fstream>
 #include <random>
 
@@ -400,6 +401,34 @@ TEST(Messages, InconsistentAttentionSyncsAreRejected) {
   check(attention_sync_header(1, 2, 2, 4, WireDType::f16, {4}), 4, 8, DecodeError::bad_tensor, "f16 hand-off");
   check(attention_sync_header(1, 2, 2, 4, f32, {2, 2}), 4, 16, DecodeError::bad_tensor, "matrix hand-off");
   check(attention_sync_header(2, 2, 0, 1, f32, {4}), 1, 16, DecodeError::bad_tensor, "f32 report");
+}
+
+// Found by fuzzing (fuzz/messages.cpp): a report's saved time came through as NaN (which then
+// broke the decode-encode round trip and would poison the summed metrics), infinite or
+// negative, while a negative whole number was already refused.
+TEST(Messages, SavedTimeIsAFiniteNonNegativeNumber) {
+  auto report = [](double saved) {
+    return encode_env(make_envelope(15, AttentionSync{"target", SyncKind::report, 4, 40, 0,
+                                                      {Tensor::from(WireDType::u8, {2}, std::vector<uint8_t>{1, 0})},
+                                                      saved}));
+  };
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  for (double bad : {nan, -nan, inf, -inf, -0.5, -1.0, -1e300}) {
+    const DecodeResult r = decode_wire(report(bad));
+    EXPECT_EQ(r.error, DecodeError::malformed) << bad << ": " << r.detail;
+    EXPECT_NE(r.detail.find("saved_ms"), std::string::npos) << r.detail;
+  }
+  for (double good : {0.0, -0.0, 0.25, 3.0, 1e300}) {
+    const DecodeResult r = decode_wire(report(good));
+    ASSERT_TRUE(r.ok()) << good << ": " << r.detail;
+    EXPECT_EQ(std::get<AttentionSync>(r.envelope.payload).saved_ms, good);
+  }
+  // The input the fuzzer found: a report whose saved time is the float64 0xffffd00000000000.
+  const std::string found("\x96\x01\x09\x13\xcd\xed\xfa\xce\xca\xfe\xbe\xef\x97\xa6target\x02\x04\x28\x00"
+                          "\x91\x93\x06\x91\x04\x04\xcb\xff\xff\xd0\x00\x00\x00\x00\x00",
+                          39);
+  const std::vector<Blob> frame{Blob::copy_of("\x00\x07\x0e\x15", 4)};
+  EXPECT_EQ(decode_bytes(found, frame).error, DecodeError::malformed) << decode_bytes(found, frame).detail;
 }
 
 // Runs in a death-test child: caps the address space 256 MiB above the current size, then

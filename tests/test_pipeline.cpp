@@ -226,6 +226,35 @@ TEST(Topology, SamplingSettingsOutsideTheirRangeAreRefusedWithTheKey) {
   EXPECT_EQ(err("temperature = 0.7\ntop_k = 40\ntop_p = 0.9\nmin_p = 0.05\nn_ctx = 256"), "no error");
 }
 
+// Found by fuzzing (fuzz/topology.cpp): an integer key given a float too large for int64
+// (n_predict = 1.69e20) was converted before its range was known, which is undefined behaviour;
+// and integers too large for their key were cut down to fit (n_predict = 4294967297 ran 1 token).
+TEST(Topology, IntegersMustFitTheirKey) {
+  auto err = [](const std::string& text) {
+    try {
+      Topology::parse("[models.t]\npath = \"x\"\n" + text + "\n", "t.toml", "/");
+      return std::string("no error");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+  };
+  EXPECT_EQ(err("[run]\nn_predict = 169223372036854775807.9"), "t.toml:4: run.n_predict: expected an integer");
+  EXPECT_EQ(err("[run]\nn_predict = 1e300"), "t.toml:4: run.n_predict: expected an integer");
+  EXPECT_EQ(err("[run]\nn_predict = 4294967297"),
+            "t.toml:4: run.n_predict: expected an integer between -2147483648 and 2147483647, not 4294967297");
+  EXPECT_EQ(err("[run]\nseed = -1"), "t.toml:4: run.seed: expected an integer between 0 and 9223372036854775807, not -1");
+  EXPECT_EQ(err("[run]\n[devices.cpu]\nthreads = 4294967298"),
+            "t.toml:5: devices.cpu.threads: expected an integer between -2147483648 and 2147483647, not 4294967298");
+  EXPECT_EQ(err("[run]\n[[stages]]\nlayers = [0, 4294967298]"),
+            "t.toml:5: stages[0].layers: expected [first, end) as two integers between -2147483648 and 2147483647, not "
+            "4294967298");
+  EXPECT_EQ(err("[run]\n[[stages]]\nlayers = [0, 1e20]"), "t.toml:5: stages[0].layers: expected [first, end) as two integers");
+  EXPECT_EQ(err("[run]\ndraft = \"t\"\n[run.params]\ntree = [1, 1e20]"),
+            "t.toml:6: run.params.tree: expected integers in the list");
+  // Whole numbers written as floats still count, as before.
+  EXPECT_EQ(err("[run]\nn_predict = 64.0\nseed = 9223372036854775807\n[[stages]]\nlayers = [0, 2.0]"), "no error");
+}
+
 TEST(Topology, FractionsResolveToContiguousRanges) {
   Topology t = Topology::parse(
       "[models.t]\npath = \"m.gguf\"\n[run]\n[devices.a]\n[devices.b]\n"

@@ -1,6 +1,8 @@
 // Tokenizers against llama.cpp's test vectors, llama2.c's prompt ids, and expected ids made
 // independently with Hugging Face tokenizers (tests/data/README.md says how).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -201,6 +203,39 @@ TEST(TokenizerLlama2c, TruncatedFileIsAFormatError) {
   EXPECT_THROW(vocab_from_llama2c(path, 512), FormatError);
   EXPECT_NO_THROW(vocab_from_llama2c(path, 511));
   std::filesystem::remove(path);
+}
+
+// Found by fuzzing (fuzz/llama2c.cpp): a 20-byte tokenizer file whose token claims a length
+// near max_token_length (here 2^30) made the loader allocate that much before finding the file
+// too short. Checked in a child process under an address-space limit, so a regression fails
+// instead of eating the machine's memory.
+TEST(TokenizerLlama2c, HostileTokenLengthIsRefusedBeforeAllocating) {
+  auto put = [](std::string& b, auto v) { b.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  std::string bytes;
+  put(bytes, int32_t(1) << 30);       // max_token_length
+  put(bytes, 0.0f);                   // token 0: score,
+  put(bytes, (int32_t(1) << 30) - 1);  // length,
+  bytes += "<unk>";                   // and the few bytes there are
+  const MappedFile file = MappedFile::copy_of(
+      {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}, "hostile-tok.bin");
+  auto refused_within_limit = [&] {
+    long pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;
+    const rlim_t cap = rlim_t(pages) * 4096 + (rlim_t{256} << 20);
+    const rlimit lim{cap, cap};
+    setrlimit(RLIMIT_AS, &lim);
+    try {
+      vocab_from_llama2c(file, 3);
+    } catch (const FormatError& e) {
+      const std::string msg = e.what();
+      return msg.find("hostile-tok.bin: truncated at text of token 0") != std::string::npos ? 0 : 2;
+    } catch (...) {
+      return 3;  // std::bad_alloc: it tried
+    }
+    return 1;
+  };
+  // _exit: the forked child must not run static destructors.
+  EXPECT_EXIT(::_exit(refused_within_limit()), ::testing::ExitedWithCode(0), "");
 }
 
 // llama2.c's test.c vectors for the Llama-2 32000 vocabulary (with BOS), as listed in EXPECTED.md.

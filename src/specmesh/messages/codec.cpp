@@ -5,6 +5,7 @@
 
 #include <msgpack.hpp>
 
+#include <cmath>
 #include <limits>
 
 namespace specmesh {
@@ -337,10 +338,16 @@ struct Decoder {
     m.priority = int32_t(i64(a.ptr[4], 0, 2, "priority"));
     const auto& ts = array(a.ptr[5], UINT32_MAX, "attention_sync tensors");
     for (uint32_t i = 0; i < ts.size; ++i) m.tensors.push_back(tensor(ts.ptr[i]));
-    // msgpack writes a whole-valued double as an integer.
+    // msgpack writes a whole-valued double as an integer. A time saved is finite and never
+    // negative, whichever way it is written (NaN would also poison the summed metrics).
     const msgpack::object& saved = a.ptr[6];
-    if (saved.type == msgpack::type::FLOAT64 || saved.type == msgpack::type::FLOAT32) m.saved_ms = saved.via.f64;
-    else m.saved_ms = double(i64(saved, 0, std::numeric_limits<int64_t>::max(), "saved_ms"));
+    if (saved.type == msgpack::type::FLOAT64 || saved.type == msgpack::type::FLOAT32) {
+      m.saved_ms = saved.via.f64;
+      if (!std::isfinite(m.saved_ms) || !(m.saved_ms >= 0))
+        fail(DecodeError::malformed, "saved_ms: " + std::to_string(m.saved_ms) + " is not a finite, non-negative number");
+    } else {
+      m.saved_ms = double(i64(saved, 0, std::numeric_limits<int64_t>::max(), "saved_ms"));
+    }
     const size_t want = m.kind == SyncKind::handoff ? 4 : m.kind == SyncKind::report ? 1 : 0;
     if (m.tensors.size() != want)
       fail(DecodeError::bad_tensor, "attention_sync: " + std::to_string(m.tensors.size()) + " tensors, expected " +

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -34,6 +35,24 @@ class Errors {
   std::string file_;
 };
 
+// An integer in [lo, hi]: a TOML integer, or a float that holds a whole number. Floats are
+// checked here: toml++'s value<int64_t>() converts a float before it checks that it fits, which
+// is undefined behaviour for 1e20.
+int64_t integer(const Errors& e, const toml::node& n, const std::string& key, int64_t lo, int64_t hi,
+                const std::string& expected = "expected an integer") {
+  int64_t v = 0;
+  if (const auto* i = n.as_integer()) {
+    v = i->get();
+  } else if (const auto* f = n.as_floating_point(); f && f->get() == std::floor(f->get()) && std::fabs(f->get()) < 0x1p63) {
+    v = static_cast<int64_t>(f->get());
+  } else {
+    e.fail(&n, key, expected);
+  }
+  if (v < lo || v > hi)
+    e.fail(&n, key, expected + " between " + std::to_string(lo) + " and " + std::to_string(hi) + ", not " + std::to_string(v));
+  return v;
+}
+
 template <class T>
 T get(const Errors& e, const toml::table& t, const std::string& prefix, const std::string& key, T fallback) {
   const toml::node* n = t.get(key);
@@ -45,8 +64,8 @@ T get(const Errors& e, const toml::table& t, const std::string& prefix, const st
     if (auto v = n->value<bool>()) return *v;
     e.fail(n, prefix + key, "expected true or false");
   } else if constexpr (std::is_integral_v<T>) {
-    if (auto v = n->value<int64_t>()) return static_cast<T>(*v);
-    e.fail(n, prefix + key, "expected an integer");
+    constexpr int64_t hi = std::numeric_limits<T>::max() > uint64_t(INT64_MAX) ? INT64_MAX : int64_t(std::numeric_limits<T>::max());
+    return static_cast<T>(integer(e, *n, prefix + key, std::numeric_limits<T>::min(), hi));
   } else {
     if (auto v = n->value<double>()) return static_cast<T>(*v);
     e.fail(n, prefix + key, "expected a number");
@@ -67,9 +86,9 @@ ParamValue param_value(const Errors& e, const toml::node& v, const std::string& 
   std::vector<int> list;
   if (const toml::array* a = v.as_array()) {
     for (const toml::node& x : *a) {
-      auto i = x.value<int64_t>();
-      if (!i || !x.is_integer() || *i < INT32_MIN || *i > INT32_MAX) e.fail(&x, key, "expected integers in the list");
-      list.push_back(int(*i));
+      const auto* i = x.as_integer();
+      if (!i || i->get() < INT32_MIN || i->get() > INT32_MAX) e.fail(&x, key, "expected integers in the list");
+      list.push_back(int(i->get()));
     }
     return ParamValue(std::move(list));
   }
@@ -278,10 +297,10 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
       if (!t.devices.count(s.device)) e.fail(m.get("device"), pre + "device", "names no device in [devices]: '" + s.device + "'");
       if (const toml::node* l = m.get("layers")) {
         const toml::array* la = l->as_array();
-        if (!la || la->size() != 2 || !la->get(0)->value<int64_t>() || !la->get(1)->value<int64_t>())
-          e.fail(l, pre + "layers", "expected [first, end) as two integers");
-        s.layer_begin = int(*la->get(0)->value<int64_t>());
-        s.layer_end = int(*la->get(1)->value<int64_t>());
+        const std::string expected = "expected [first, end) as two integers";
+        if (!la || la->size() != 2) e.fail(l, pre + "layers", expected);
+        s.layer_begin = int(integer(e, *la->get(0), pre + "layers", INT32_MIN, INT32_MAX, expected));
+        s.layer_end = int(integer(e, *la->get(1), pre + "layers", INT32_MIN, INT32_MAX, expected));
         if (s.layer_begin < 0 || s.layer_end <= s.layer_begin) e.fail(l, pre + "layers", "must be [first, end) with first < end");
       } else {
         s.fraction = get<double>(e, m, pre, "fraction", 0);

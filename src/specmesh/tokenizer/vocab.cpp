@@ -106,11 +106,14 @@ Vocab vocab_from_llama2c(const MappedFile& file, int n_vocab) {
   const uint8_t* p = file.data();
   const size_t size = file.size();
   size_t off = 0;
-  auto read = [&](void* dst, size_t len, const char* what, int i) {
+  auto need = [&](size_t len, const char* what, int i) {
     if (size - off < len)
       throw FormatError(path + ": truncated at " + what + " of token " + std::to_string(i) + " (offset " +
                         std::to_string(off) + ", file has " + std::to_string(size) + " bytes, expected " +
                         std::to_string(n_vocab) + " tokens)");
+  };
+  auto read = [&](void* dst, size_t len, const char* what, int i) {
+    need(len, what, i);
     std::memcpy(dst, p + off, len);
     off += len;
   };
@@ -132,8 +135,9 @@ Vocab vocab_from_llama2c(const MappedFile& file, int n_vocab) {
     if (len < 0 || len > max_len)
       throw FormatError(path + ": token " + std::to_string(i) + " has length " + std::to_string(len) +
                         " (max_token_length " + std::to_string(max_len) + ")");
-    std::string s(static_cast<size_t>(len), '\0');
-    read(s.data(), size_t(len), "text", i);
+    need(size_t(len), "text", i);  // before allocating: a length is only as good as the bytes behind it
+    std::string s(reinterpret_cast<const char*>(p + off), size_t(len));
+    off += size_t(len);
     v.scores[i] = score;
     // run.c's layout: 0 <unk>, 1 "\n<s>\n" (BOS), 2 "\n</s>\n" (EOS), then <0x00>..<0xFF>.
     if (i == 0) {
