@@ -226,6 +226,35 @@ TEST(Topology, SamplingSettingsOutsideTheirRangeAreRefusedWithTheKey) {
   EXPECT_EQ(err("temperature = 0.7\ntop_k = 40\ntop_p = 0.9\nmin_p = 0.05\nn_ctx = 256"), "no error");
 }
 
+// Timing models take rates and durations: a negative or NaN one would make time run backwards
+// (or not at all); an integer beyond its field would wrap.
+TEST(Topology, LinkAndProfileValuesAndIntegersOutsideTheirRangeAreRefusedWithTheKey) {
+  auto err = [](const std::string& rest) {
+    try {
+      Topology::parse("[models.t]\npath = \"x\"\n[run]\n" + rest + "\n", "t.toml", "/");
+      return std::string("no error");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+  };
+  EXPECT_EQ(err("[link]\nlatency_us = -50.0\ngbps = 1.0"), "t.toml:5: link.latency_us: must not be negative, not -50");
+  EXPECT_EQ(err("[link]\nlatency_us = 50.0\ngbps = nan"), "t.toml:6: link.gbps: must be a finite number, not nan");
+  EXPECT_EQ(err("[link]\nlatency_us = inf"), "t.toml:5: link.latency_us: must be a finite number, not inf");
+  for (const char* key : {"flops_per_s", "bytes_per_s", "op_overhead_us", "layer_ms", "layer_token_ms"}) {
+    SCOPED_TRACE(key);
+    const std::string pre = "[devices.d]\nprofile = { " + std::string(key) + " = ";
+    EXPECT_EQ(err(pre + "-1.0 }"), "t.toml:5: devices.d.profile." + std::string(key) + ": must not be negative, not -1");
+    EXPECT_EQ(err(pre + "nan }"), "t.toml:5: devices.d.profile." + std::string(key) + ": must be a finite number, not nan");
+  }
+  EXPECT_EQ(err("[devices.d]\nprofile = { layer_ms = 2.0, layer_token_ms = 0.5 }\n[link]\nlatency_us = 0.0"), "no error");
+  EXPECT_EQ(err("n_ctx = 5000000000"), "t.toml:4: run.n_ctx: must be between -2147483648 and 2147483647, not 5000000000");
+  EXPECT_EQ(err("n_predict = 4294967297"),
+            "t.toml:4: run.n_predict: must be between -2147483648 and 2147483647, not 4294967297");
+  EXPECT_EQ(err("seed = -1"), "t.toml:4: run.seed: must be between 0 and 18446744073709551615, not -1");
+  EXPECT_EQ(err("temperature = 1e300"), "t.toml:4: run.temperature: must be a finite number, not 1e+300");
+  EXPECT_EQ(err("[[stages]]\nlayers = [0, 4294967298]"), "t.toml:5: stages[0].layers: expected [first, end) as two integers");
+}
+
 TEST(Topology, FractionsResolveToContiguousRanges) {
   Topology t = Topology::parse(
       "[models.t]\npath = \"m.gguf\"\n[run]\n[devices.a]\n[devices.b]\n"

@@ -7,8 +7,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include <toml++/toml.h>
 
@@ -34,6 +36,12 @@ class Errors {
   std::string file_;
 };
 
+std::string number_text(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
 template <class T>
 T get(const Errors& e, const toml::table& t, const std::string& prefix, const std::string& key, T fallback) {
   const toml::node* n = t.get(key);
@@ -45,12 +53,30 @@ T get(const Errors& e, const toml::table& t, const std::string& prefix, const st
     if (auto v = n->value<bool>()) return *v;
     e.fail(n, prefix + key, "expected true or false");
   } else if constexpr (std::is_integral_v<T>) {
-    if (auto v = n->value<int64_t>()) return static_cast<T>(*v);
+    if (auto v = n->value<int64_t>()) {
+      if (!std::in_range<T>(*v))
+        e.fail(n, prefix + key, "must be between " + std::to_string(std::numeric_limits<T>::min()) + " and " +
+                                    std::to_string(std::numeric_limits<T>::max()) + ", not " + std::to_string(*v));
+      return static_cast<T>(*v);
+    }
     e.fail(n, prefix + key, "expected an integer");
   } else {
-    if (auto v = n->value<double>()) return static_cast<T>(*v);
+    if (auto v = n->value<double>()) {
+      if (std::isfinite(*v) && !(std::abs(*v) <= double(std::numeric_limits<T>::max())))
+        e.fail(n, prefix + key, "must be a finite number, not " + number_text(*v));
+      return static_cast<T>(*v);
+    }
     e.fail(n, prefix + key, "expected a number");
   }
+}
+
+// A rate, duration or latency: finite and not negative (NaN passes every comparison, so the
+// range is checked as "inside").
+double non_negative(const Errors& e, const toml::table& t, const std::string& prefix, const std::string& key) {
+  const double v = get<double>(e, t, prefix, key, 0);
+  if (!std::isfinite(v)) e.fail(t.get(key), prefix + key, "must be a finite number, not " + number_text(v));
+  if (!(v >= 0)) e.fail(t.get(key), prefix + key, "must not be negative, not " + number_text(v));
+  return v;
 }
 
 void check_keys(const Errors& e, const toml::table& t, const std::string& prefix, std::set<std::string> allowed) {
@@ -167,17 +193,12 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
     s.metrics_csv = resolve_path(base_dir, get<std::string>(e, r, "run.", "metrics_csv", ""));
     if (s.n_predict <= 0) e.fail(r.get("n_predict"), "run.n_predict", "must be positive");
     // NaN passes every comparison, so each range is checked as "inside", never as "not outside".
-    auto number = [](float v) {
-      std::ostringstream o;
-      o << v;
-      return o.str();
-    };
     if (!std::isfinite(s.temperature))
-      e.fail(r.get("temperature"), "run.temperature", "must be a finite number, not " + number(s.temperature));
+      e.fail(r.get("temperature"), "run.temperature", "must be a finite number, not " + number_text(s.temperature));
     if (!(s.temperature >= 0)) e.fail(r.get("temperature"), "run.temperature", "must not be negative");
     if (!(s.top_k >= 0)) e.fail(r.get("top_k"), "run.top_k", "must not be negative (0: off)");
-    if (!(s.top_p >= 0 && s.top_p <= 1)) e.fail(r.get("top_p"), "run.top_p", "must be between 0 and 1, not " + number(s.top_p));
-    if (!(s.min_p >= 0 && s.min_p <= 1)) e.fail(r.get("min_p"), "run.min_p", "must be between 0 and 1, not " + number(s.min_p));
+    if (!(s.top_p >= 0 && s.top_p <= 1)) e.fail(r.get("top_p"), "run.top_p", "must be between 0 and 1, not " + number_text(s.top_p));
+    if (!(s.min_p >= 0 && s.min_p <= 1)) e.fail(r.get("min_p"), "run.min_p", "must be between 0 and 1, not " + number_text(s.min_p));
     if (!(s.n_ctx >= 0)) e.fail(r.get("n_ctx"), "run.n_ctx", "must not be negative (0: the model's own)");
     if (const toml::node* p = r.get("params")) {
       line_of(p, "run.params");
@@ -231,11 +252,11 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
           check_keys(e, pt, pre + "profile.", {"flops_per_s", "bytes_per_s", "op_overhead_us", "layer_ms", "layer_token_ms"});
           DeviceProfile d;
           d.name = s.name;
-          d.flops_per_s = get<double>(e, pt, pre + "profile.", "flops_per_s", 0);
-          d.bytes_per_s = get<double>(e, pt, pre + "profile.", "bytes_per_s", 0);
-          d.op_overhead_s = get<double>(e, pt, pre + "profile.", "op_overhead_us", 0) * 1e-6;
-          d.layer_s = get<double>(e, pt, pre + "profile.", "layer_ms", 0) * 1e-3;
-          d.layer_token_s = get<double>(e, pt, pre + "profile.", "layer_token_ms", 0) * 1e-3;
+          d.flops_per_s = non_negative(e, pt, pre + "profile.", "flops_per_s");
+          d.bytes_per_s = non_negative(e, pt, pre + "profile.", "bytes_per_s");
+          d.op_overhead_s = non_negative(e, pt, pre + "profile.", "op_overhead_us") * 1e-6;
+          d.layer_s = non_negative(e, pt, pre + "profile.", "layer_ms") * 1e-3;
+          d.layer_token_s = non_negative(e, pt, pre + "profile.", "layer_token_ms") * 1e-3;
           s.profile = d;
         }
       }
@@ -252,8 +273,8 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
     } else {
       const auto& lt = table_at(e, *n, "link");
       check_keys(e, lt, "link.", {"latency_us", "gbps"});
-      t.link.latency_s = get<double>(e, lt, "link.", "latency_us", 0) * 1e-6;
-      t.link.bytes_per_s = get<double>(e, lt, "link.", "gbps", 0) * 1e9 / 8;
+      t.link.latency_s = non_negative(e, lt, "link.", "latency_us") * 1e-6;
+      t.link.bytes_per_s = non_negative(e, lt, "link.", "gbps") * 1e9 / 8;
     }
   }
 
@@ -278,7 +299,8 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
       if (!t.devices.count(s.device)) e.fail(m.get("device"), pre + "device", "names no device in [devices]: '" + s.device + "'");
       if (const toml::node* l = m.get("layers")) {
         const toml::array* la = l->as_array();
-        if (!la || la->size() != 2 || !la->get(0)->value<int64_t>() || !la->get(1)->value<int64_t>())
+        if (!la || la->size() != 2 || !la->get(0)->value<int64_t>() || !la->get(1)->value<int64_t>() ||
+            !std::in_range<int>(*la->get(0)->value<int64_t>()) || !std::in_range<int>(*la->get(1)->value<int64_t>()))
           e.fail(l, pre + "layers", "expected [first, end) as two integers");
         s.layer_begin = int(*la->get(0)->value<int64_t>());
         s.layer_end = int(*la->get(1)->value<int64_t>());
