@@ -252,6 +252,21 @@ TEST(KvCache, FullCacheIsAClearError) {
   EXPECT_THROW(ctx.forward(b), std::runtime_error);
 }
 
+// n_ctx = INT_MAX asks for terabytes: a clear error naming the size, not std::bad_alloc.
+TEST(KvCache, CacheLargerThanTheMachineIsAClearError) {
+  SPECMESH_REQUIRE_REFDATA();
+  auto m = load_bin();
+  try {
+    Context ctx(*m, {.n_ctx = INT32_MAX});
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("a KV cache of 2147483647 cells for layers [0, 5) needs 2560.0 GiB, more than "
+                                         "this machine's "),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // The llama2.c header's vocab_size is negative when the classifier has weights of its own;
 // INT32_MIN has no positive counterpart (negating it was undefined behaviour).
 TEST(Llama2c, HeaderWithAnImpossibleVocabularySizeIsRefused) {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "specmesh/runtime/load_checks.hpp"
 #include "specmesh/runtime/node.hpp"
 #include "specmesh/cli/commands.hpp"
 #include "specmesh/cli/output.hpp"
@@ -78,6 +79,7 @@ int run_node(const std::string& config, const std::string& name) {
   if (!topo.nodes.count(name)) throw ConfigError(config + ": no node named '" + name + "' in [nodes]");
   ModelCache models;
   resolve_layers(topo, models);
+  check_kv_memory(topo, models, {name});
   caf::actor_system_config cfg;
   configure_low_latency_scheduler(cfg);
   caf::actor_system sys{cfg};

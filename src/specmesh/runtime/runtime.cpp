@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "specmesh/model/context.hpp"
+#include "specmesh/runtime/load_checks.hpp"
 #include "specmesh/runtime/node.hpp"
 
 #include <filesystem>
@@ -62,6 +63,11 @@ Runtime::Runtime(Topology topology, RuntimeOptions options) : impl_(std::make_un
   m.opts = options;
   m.topo.check();
   resolve_layers(m.topo, m.models);
+  // The nodes this process hosts or starts share this machine's memory.
+  std::vector<std::string> here;
+  for (const auto& [name, node] : m.topo.nodes)
+    if (name == m.topo.head_node || node.endpoint.rfind("inproc://", 0) == 0 || m.opts.spawn_nodes) here.push_back(name);
+  check_kv_memory(m.topo, m.models, here);
   m.head_model = m.models.get(m.topo.models.at(m.topo.run.model));
   if (m.opts.spawn_nodes) m.spawn_children();
   try {

@@ -163,6 +163,9 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
     auto line_of = [&](const toml::node* n, const std::string& key) {
       if (n) t.lines[key] = n->source().begin.line;
     };
+    line_of(r.get("model"), "run.model");
+    line_of(r.get("draft"), "run.draft");
+    line_of(r.get("n_ctx"), "run.n_ctx");
     s.model = get<std::string>(e, r, "run.", "model", t.models.size() == 1 ? t.models.begin()->first : "");
     if (!t.models.count(s.model)) e.fail(r.get("model"), "run.model", "names no model in [models]: '" + s.model + "'");
     s.strategy = get<std::string>(e, r, "run.", "strategy", "");
@@ -324,17 +327,21 @@ std::map<std::string, std::string> Topology::role_models() const {
   return out;
 }
 
+void Topology::fail(const std::string& key, const std::string& what) const {
+  auto it = lines.find(key);
+  if (it == lines.end()) it = lines.find(key.substr(0, key.rfind('.')));
+  throw ConfigError(path + (it != lines.end() ? ":" + std::to_string(it->second) : "") + ": " + key + ": " + what);
+}
+
+std::string Topology::role_key(const std::string& role) {
+  return role == kTargetRole ? "run.model" : role == kDraftRole ? "run.draft" : "run.roles." + role;
+}
+
 void Topology::check() {
-  auto fail = [&](const std::string& key, const std::string& what) {
-    auto it = lines.find(key);
-    if (it == lines.end()) it = lines.find(key.substr(0, key.rfind('.')));
-    throw ConfigError(path + (it != lines.end() ? ":" + std::to_string(it->second) : "") + ": " + key + ": " + what);
-  };
   if (run.model.empty() || !models.count(run.model)) fail("run.model", "names no model in [models]: '" + run.model + "'");
   std::map<std::string, std::string> roles = role_models();
   for (const auto& [role, model] : roles)
-    if (!models.count(model)) fail(role == kTargetRole ? "run.model" : role == "draft" ? "run.draft" : "run.roles." + role,
-                                   "names no model in [models]: '" + model + "'");
+    if (!models.count(model)) fail(role_key(role), "names no model in [models]: '" + model + "'");
   std::set<std::string> present;
   for (const auto& [role, model] : roles) present.insert(role);
   const StrategyInfo* info = run.strategy.empty() ? &default_strategy(present) : find_strategy(run.strategy);

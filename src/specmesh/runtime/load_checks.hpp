@@ -1,0 +1,20 @@
+// Checks of a topology against its loaded models, made before any node starts: KV caches
+// larger than the machine are refused with the key that causes them (ConfigError
+// "file:line: key: what"), never found later as an allocation failure inside an actor.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "specmesh/runtime/node.hpp"
+
+namespace specmesh {
+
+// The KV caches of the stages on each of `nodes` (every role's share of its layers, at the
+// run's context size) fit together in `memory_bytes`, this machine's physical memory unless
+// given. Layer ranges must be resolved.
+void check_kv_memory(const Topology& topo, ModelCache& models, const std::vector<std::string>& nodes,
+                     uint64_t memory_bytes = 0);
+
+}  // namespace specmesh
