@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "refdata.hpp"
+#include "specmesh/model/synthetic.hpp"
 #include "specmesh/runtime.hpp"
 #include "specmesh/runtime/load_checks.hpp"
 
@@ -119,4 +120,34 @@ TEST(LoadChecks, StagesOfOneNodeShareItsMemory) {
         << e.what();
   }
   EXPECT_NO_THROW(check_kv_memory(t, models, {"head"}, 1));  // no stages there
+}
+
+// A draft with another vocabulary proposes ids that mean other text to the target: its
+// size alone can agree (512 and 512 here) while the tokens differ.
+TEST(LoadChecks, DraftWithAnotherVocabularyIsRefusedNamingBothModels) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string target = refdata("gguf-models/stories260K.gguf");
+  SyntheticSpec s;  // a synthetic vocabulary of the same size
+  s.n_vocab = 512;
+  const std::string other = tmpdir() + "/synthetic-vocab.gguf";
+  write_synthetic_model(s, other);
+  const std::string head = "[models.t]\npath = \"" + target + "\"\n[models.d]\npath = \"";
+  const std::string run = "\"\n[run]\nmodel = \"t\"\ndraft = \"d\"\n";
+  const std::string texts = error_of(write("other-texts.toml", head + other + run));
+  EXPECT_NE(texts.find("other-texts.toml:7: run.draft: model 'd' (" + other + ") and the target's model 't' (" + target +
+                       ") have different vocabularies: token "),
+            std::string::npos)
+      << texts;
+
+  s.n_vocab = 600;
+  const std::string bigger = tmpdir() + "/synthetic-vocab-600.gguf";
+  write_synthetic_model(s, bigger);
+  const std::string size = error_of(write("other-size.toml", head + bigger + run));
+  EXPECT_NE(size.find("other-size.toml:7: run.draft: model 'd' (" + bigger + ") and the target's model 't' (" + target +
+                      ") have different vocabularies: 600 tokens and 512"),
+            std::string::npos)
+      << size;
+
+  // Another file with the same vocabulary is fine.
+  EXPECT_EQ(error_of(write("same-vocab.toml", head + refdata("gguf-models/stories260K-draft-tiny.gguf") + run)), "no error");
 }

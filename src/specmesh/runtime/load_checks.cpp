@@ -7,6 +7,51 @@
 
 namespace specmesh {
 
+namespace {
+
+// Token text for messages: quoted, control bytes escaped.
+std::string quoted(const std::string& text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    if (c < 0x20 || c == '"' || c == '\\') {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    } else {
+      out += char(c);
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+void check_vocabularies(const Topology& topo, ModelCache& models) {
+  const ModelSpec& target_spec = topo.models.at(topo.run.model);
+  const auto target = models.get(target_spec);
+  const std::vector<std::string>& want = target->tokenizer().vocab().tokens;
+  for (const auto& [role, name] : topo.role_models()) {
+    const ModelSpec& spec = topo.models.at(name);
+    const auto model = models.get(spec);
+    if (model == target) continue;
+    const std::string both = "model '" + name + "' (" + spec.path + ") and the target's model '" + topo.run.model + "' (" +
+                             target_spec.path + ") have different vocabularies: ";
+    const int n = model->hparams().n_vocab, n_target = target->hparams().n_vocab;
+    if (n != n_target) topo.fail(Topology::role_key(role), both + std::to_string(n) + " tokens and " + std::to_string(n_target));
+    const std::vector<std::string>& have = model->tokenizer().vocab().tokens;
+    // Every token: the first few hundred of SPM vocabularies are the same specials and byte
+    // tokens in all of them, so a prefix would not tell two vocabularies apart.
+    for (size_t i = 0; i < std::max(have.size(), want.size()); ++i) {
+      const std::string* a = i < have.size() ? &have[i] : nullptr;
+      const std::string* b = i < want.size() ? &want[i] : nullptr;
+      if (a && b && *a == *b) continue;
+      topo.fail(Topology::role_key(role), both + "token " + std::to_string(i) + " is " + (a ? quoted(*a) : "missing") +
+                                              " in '" + name + "' and " + (b ? quoted(*b) : "missing") + " in '" +
+                                              topo.run.model + "'");
+    }
+  }
+}
+
 void check_kv_memory(const Topology& topo, ModelCache& models, const std::vector<std::string>& nodes,
                      uint64_t memory_bytes) {
   if (memory_bytes == 0) memory_bytes = physical_memory_bytes();

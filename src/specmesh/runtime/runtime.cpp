@@ -63,6 +63,7 @@ Runtime::Runtime(Topology topology, RuntimeOptions options) : impl_(std::make_un
   m.opts = options;
   m.topo.check();
   resolve_layers(m.topo, m.models);
+  check_vocabularies(m.topo, m.models);
   // The nodes this process hosts or starts share this machine's memory.
   std::vector<std::string> here;
   for (const auto& [name, node] : m.topo.nodes)
