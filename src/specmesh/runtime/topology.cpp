@@ -426,8 +426,18 @@ const NodeSpec& Topology::node_of_device(const std::string& device) const {
 void Topology::resolve_layers(const std::string& role, int n_layer) {
   std::vector<StageSpec*> ss;
   for (const StageSpec* c : stages_of(role)) ss.push_back(const_cast<StageSpec*>(c));
+  // Roles of one model share its untagged stages: say so, it is the likely cause.
+  std::string shared;
+  const auto roles = role_models();
+  if (!ss.empty() && ss.front()->role.empty())
+    for (const auto& [other, model] : roles)
+      if (other != role && model == roles.at(role) && stages_of(other) == stages_of(role))
+        shared = " (roles '" + role + "' and '" + other + "' both run model '" + model +
+                 "' and so share its untagged stages; give one stages of its own with role = \"" +
+                 (role == kTargetRole ? other : role) + "\")";
   auto fail = [&](const StageSpec* s, const std::string& what) {
-    throw ConfigError(path + (s && s->line ? ":" + std::to_string(s->line) : "") + ": stages of role '" + role + "': " + what);
+    throw ConfigError(path + (s && s->line ? ":" + std::to_string(s->line) : "") + ": stages of role '" + role + "': " + what +
+                      shared);
   };
   int next = 0;
   for (size_t i = 0; i < ss.size(); ++i) {
