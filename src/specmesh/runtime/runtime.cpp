@@ -12,6 +12,7 @@
 #include "specmesh/model/context.hpp"
 #include "specmesh/runtime/load_checks.hpp"
 #include "specmesh/runtime/node.hpp"
+#include "specmesh/runtime/port_base.hpp"
 
 #include <filesystem>
 
@@ -21,6 +22,7 @@ struct Runtime::Impl {
   Topology topo;
   RuntimeOptions opts;
   std::vector<pid_t> children;
+  int port_base = -1;  // applied to the topology and passed on to started nodes
   caf::actor_system_config cfg;
   std::unique_ptr<caf::actor_system> sys;
   ModelCache models;
@@ -40,10 +42,16 @@ struct Runtime::Impl {
     }
     for (const auto& [name, node] : topo.nodes) {
       if (name == topo.head_node || node.endpoint.rfind("inproc://", 0) == 0) continue;
+      // Everything the child needs is built before fork: after it, only async-signal-safe calls.
+      std::vector<std::string> args = {bin, "node", "--config", topo.path, "--name", name};
+      if (port_base > 0) args.insert(args.end(), {"--port-base", std::to_string(port_base)});
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
       pid_t pid = ::fork();
       if (pid < 0) throw std::runtime_error("fork failed while starting node '" + name + "'");
       if (pid == 0) {
-        ::execl(bin.c_str(), bin.c_str(), "node", "--config", topo.path.c_str(), "--name", name.c_str(), (char*)nullptr);
+        ::execv(argv[0], argv.data());
         ::_exit(127);
       }
       children.push_back(pid);
@@ -69,6 +77,13 @@ Runtime::Runtime(Topology topology, RuntimeOptions options) : impl_(std::make_un
   for (const auto& [name, node] : m.topo.nodes)
     if (name == m.topo.head_node || node.endpoint.rfind("inproc://", 0) == 0 || m.opts.spawn_nodes) here.push_back(name);
   check_kv_memory(m.topo, m.models, here);
+  if (m.opts.port_base >= 0) {
+    m.port_base = m.opts.port_base > 0 ? m.opts.port_base : free_port_base(m.topo);
+    move_endpoints(m.topo, m.port_base);
+  }
+  // A second run of the same file must not take the first one's addresses (ZeroMQ would
+  // silently replace an ipc socket file, and its nodes would join the first run's mesh).
+  check_endpoints_free(m.topo, here);
   m.head_model = m.models.get(m.topo.models.at(m.topo.run.model));
   if (m.opts.spawn_nodes) m.spawn_children();
   try {
