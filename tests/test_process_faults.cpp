@@ -1,11 +1,13 @@
-// `specmesh run --spawn` when processes misbehave: a second run of the same file must end
-// with a clear message and leave no node process behind; none may hang.
+// `specmesh run --spawn` and the runtime when processes misbehave: a second run of the same
+// file, Ctrl-C or SIGTERM, a frozen stage. Each must end with a clear message and leave no
+// node process behind; none may hang.
 #include <gtest/gtest.h>
 
 #include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <regex>
 
@@ -125,4 +127,52 @@ TEST(ProcessFaults, SecondRunOfOneFileIsRefusedUnlessItMovesItsPorts) {
     EXPECT_EQ(*status_a, 0) << read_file(out_a);
     EXPECT_TRUE(wait_until([&] { return nodes_of(config).empty(); }, 5s)) << nodes_of(config).size() << " nodes left";
   }
+}
+
+// SIGINT (Ctrl-C, or `kill -INT` to the run alone) and SIGTERM used to kill the run and leave
+// its node processes serving forever.
+TEST(ProcessFaults, InterruptedRunLeavesNoNodeBehind) {
+  SPECMESH_REQUIRE_REFDATA();
+  for (int sig : {SIGINT, SIGTERM}) {
+    SCOPED_TRACE(strsignal(sig));
+    const std::string config = example_copy("pipeline-3stage-tcp.toml", 1.0);
+    Reaper reaper{config, {}};
+    const std::string out = config + ".out";
+    const pid_t run = start_cli({"run", config, "--spawn", "--port-base", "0", "-p", "Once upon a time", "-n", "1500", "--ignore-eos"}, out);
+    reaper.own.push_back(run);
+    ASSERT_TRUE(wait_until([&] { return generating(out); }, 60s)) << read_file(out);
+    ASSERT_EQ(nodes_of(config).size(), 3u);
+    ::kill(run, sig);
+    const auto status = wait_exit(run, 10s);
+    ASSERT_TRUE(status) << "the run did not stop";
+    EXPECT_EQ(*status, 128 + sig) << read_file(out);
+    EXPECT_TRUE(wait_until([&] { return nodes_of(config).empty(); }, 5s))
+        << nodes_of(config).size() << " node processes left running:\n" << read_file(out);
+  }
+}
+
+// A stage that freezes (SIGSTOP) mid-generation: the run reports it within about two seconds,
+// keeps the tokens accepted so far, exits non-zero and leaves no process behind (it used to
+// wait forever for the frozen child to exit).
+TEST(ProcessFaults, FrozenStageEndsTheRunWithTheTokensSoFar) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string config = example_copy("pipeline-2stage-ipc.toml", 1.0);
+  Reaper reaper{config, {}};
+  const std::string out = config + ".out";
+  const pid_t run = start_cli({"run", config, "--spawn", "--port-base", "0", "-p", "Once upon a time", "-n", "1500", "--ignore-eos"}, out);
+  reaper.own.push_back(run);
+  ASSERT_TRUE(wait_until([&] { return generating(out); }, 60s)) << read_file(out);
+  const auto stage1 = processes_running("node --config " + config + " --name stage1");
+  ASSERT_EQ(stage1.size(), 1u);
+  ::kill(stage1[0].pid, SIGSTOP);
+  const auto stopped_at = std::chrono::steady_clock::now();
+  const auto status = wait_exit(run, 10s);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  ASSERT_TRUE(status) << "the run did not end:\n" << read_file(out);
+  EXPECT_LT(waited, 3.0);
+  const std::string text = read_file(out);
+  EXPECT_EQ(*status, 1) << text;
+  EXPECT_NE(text.find("node 'stage1' stopped answering"), std::string::npos) << text;
+  EXPECT_TRUE(generating(out)) << "the tokens accepted before the freeze are printed";
+  EXPECT_TRUE(wait_until([&] { return nodes_of(config).empty(); }, 5s)) << nodes_of(config).size() << " nodes left";
 }

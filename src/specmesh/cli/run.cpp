@@ -2,6 +2,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -12,6 +13,7 @@
 #include "specmesh/runtime/node.hpp"
 #include "specmesh/runtime/port_base.hpp"
 #include "specmesh/cli/commands.hpp"
+#include "specmesh/cli/interrupt.hpp"
 #include "specmesh/cli/output.hpp"
 #include "specmesh/cli/params.hpp"
 #include "specmesh/speculation/registry.hpp"
@@ -31,6 +33,7 @@ struct RunOptions {
 };
 
 int run_topology(const RunOptions& o, const CLI::App& cmd) {
+  Interrupts interrupts;  // before the runtime starts any thread
   RuntimeOptions ro;
   ro.spawn_nodes = o.spawn;
   ro.connect_timeout = std::chrono::milliseconds(int64_t(o.timeout_s * 1000));
@@ -51,13 +54,16 @@ int run_topology(const RunOptions& o, const CLI::App& cmd) {
     std::fputs(o.prompt.c_str(), stdout);
     std::fflush(stdout);
   }
-  GenerationResult r = rt->generate(req, [&](int32_t, const std::string& piece) {
+  auto generation = rt->submit(req, [&](int32_t, const std::string& piece) {
     if (!o.json) {
       std::fputs(piece.c_str(), stdout);
       std::fflush(stdout);
     }
     return true;
   });
+  interrupts.watch(generation.get());
+  GenerationResult r = generation->wait();
+  interrupts.watch(nullptr);
   if (o.json) {
     std::puts(dump(result_json(r)).c_str());
   } else {
@@ -66,6 +72,11 @@ int run_topology(const RunOptions& o, const CLI::App& cmd) {
   if (!r.ok()) {
     std::fprintf(stderr, "specmesh: error: %s\n", r.error.c_str());
     return 1;
+  }
+  if (const int sig = interrupts.received()) {
+    std::fprintf(stderr, "specmesh: %s: stopped after %zu tokens\n", strsignal(sig), r.ids.size());
+    rt.reset();  // stops the started nodes before the exit status says why
+    return 128 + sig;
   }
   return 0;
 }
