@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <regex>
 
 #include "ports.hpp"
@@ -175,4 +176,36 @@ TEST(ProcessFaults, FrozenStageEndsTheRunWithTheTokensSoFar) {
   EXPECT_NE(text.find("node 'stage1' stopped answering"), std::string::npos) << text;
   EXPECT_TRUE(generating(out)) << "the tokens accepted before the freeze are printed";
   EXPECT_TRUE(wait_until([&] { return nodes_of(config).empty(); }, 5s)) << nodes_of(config).size() << " nodes left";
+}
+
+// A request made while a stage is down fails at once, naming the node, instead of waiting
+// silently for it; once the stage answers again, requests work again.
+TEST(ProcessFaults, RequestWhileAStageIsDownFailsAtOnce) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string config = example_copy("pipeline-2stage-ipc.toml", 0.0);
+  Reaper reaper{config, {}};
+  RuntimeOptions o = test::node_options(true);
+  o.port_base = 0;
+  auto rt = Runtime::open(config, o);
+  ASSERT_TRUE(rt->generate({.prompt = "Once upon a time", .n_predict = 8}).ok());
+  const auto stage1 = processes_running("node --config " + config + " --name stage1");
+  ASSERT_EQ(stage1.size(), 1u);
+  ::kill(stage1[0].pid, SIGSTOP);
+  std::this_thread::sleep_for(1s);  // longer than the peer timeout: the head knows it is down
+
+  auto gen = rt->submit({.prompt = "Once upon a time", .n_predict = 8});
+  auto result = std::async(std::launch::async, [&] { return gen->wait(); });
+  const bool answered = result.wait_for(2s) == std::future_status::ready;
+  ::kill(stage1[0].pid, SIGCONT);
+  EXPECT_TRUE(answered) << "the request waited for the frozen stage";
+  const GenerationResult r = result.get();
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.error.find("node 'stage1' stopped answering"), std::string::npos) << r.error;
+
+  // Back: heard from again within a few heartbeats, and requests go through.
+  GenerationResult again;
+  EXPECT_TRUE(wait_until([&] {
+    again = rt->generate({.prompt = "Once upon a time", .n_predict = 8});
+    return again.ok();
+  }, 10s)) << again.error;
 }
