@@ -1,13 +1,20 @@
-// Helpers for tests that run nodes as child processes of the test binary.
+// Helpers for tests that run nodes, or the specmesh binary, as child processes of the test binary.
 #pragma once
 
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "specmesh/runtime.hpp"
@@ -23,9 +30,17 @@ inline RuntimeOptions node_options(bool spawn) {
   return o;
 }
 
-// The processes whose parent is this one (the spawned nodes), by pid, read from /proc.
-inline std::vector<pid_t> child_processes() {
-  std::vector<pid_t> kids;
+// A live process as /proc shows it.
+struct ProcessInfo {
+  pid_t pid = 0;
+  pid_t ppid = 0;
+  char state = '?';         // R, S, T (stopped), Z (zombie), ...
+  std::string cmdline;      // arguments joined by spaces
+};
+
+// Every process on the machine that `keep` selects, read from /proc.
+inline std::vector<ProcessInfo> processes_where(const std::function<bool(const ProcessInfo&)>& keep) {
+  std::vector<ProcessInfo> out;
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
     const std::string name = e.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
@@ -35,13 +50,72 @@ inline std::vector<pid_t> child_processes() {
     // pid (comm) state ppid ...: comm may hold spaces and parentheses, so parse after the last ')'.
     const auto rp = line.rfind(')');
     if (rp == std::string::npos || rp + 2 > line.size()) continue;
+    ProcessInfo p;
+    p.pid = std::stoi(name);
     std::istringstream rest(line.substr(rp + 2));
-    char state;
-    pid_t ppid;
-    rest >> state >> ppid;
-    if (ppid == ::getpid()) kids.push_back(std::stoi(name));
+    rest >> p.state >> p.ppid;
+    std::ifstream cl(e.path() / "cmdline");
+    std::string arg;
+    while (std::getline(cl, arg, '\0')) p.cmdline += (p.cmdline.empty() ? "" : " ") + arg;
+    if (keep(p)) out.push_back(p);
   }
+  return out;
+}
+
+// The processes whose parent is this one (the spawned nodes), by pid.
+inline std::vector<pid_t> child_processes() {
+  std::vector<pid_t> kids;
+  for (const ProcessInfo& p : processes_where([](const ProcessInfo& p) { return p.ppid == ::getpid(); })) kids.push_back(p.pid);
   return kids;
+}
+
+// Live (not zombie) processes whose command line contains `text`, wherever their parent is.
+inline std::vector<ProcessInfo> processes_running(const std::string& text) {
+  return processes_where([&](const ProcessInfo& p) {
+    return p.state != 'Z' && p.pid != ::getpid() && p.cmdline.find(text) != std::string::npos;
+  });
+}
+
+// Polls `done` every 20 ms until it holds or `timeout` passes; returns whether it held.
+inline bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+// The specmesh binary started with `args`, its stdout and stderr going to `output`.
+inline pid_t start_cli(const std::vector<std::string>& args, const std::string& output) {
+  std::vector<std::string> all = {SPECMESH_CLI_PATH};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// The exit status of child `pid` (128 + the signal when one ended it), or nothing when it is
+// still running after `timeout`.
+inline std::optional<int> wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
+  int status = 0;
+  const bool ended = wait_until([&] { return ::waitpid(pid, &status, WNOHANG) == pid; }, timeout);
+  if (!ended) return std::nullopt;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 }  // namespace specmesh::test

@@ -1,7 +1,9 @@
 // End-to-end checks of the inference core on the real stories260K family.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -248,6 +250,46 @@ TEST(KvCache, FullCacheIsAClearError) {
   Batch b;
   b.add(5, 4, seq_bit(0), true);
   EXPECT_THROW(ctx.forward(b), std::runtime_error);
+}
+
+// n_ctx = INT_MAX asks for terabytes: a clear error naming the size, not std::bad_alloc.
+TEST(KvCache, CacheLargerThanTheMachineIsAClearError) {
+  SPECMESH_REQUIRE_REFDATA();
+  auto m = load_bin();
+  try {
+    Context ctx(*m, {.n_ctx = INT32_MAX});
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("a KV cache of 2147483647 cells for layers [0, 5) needs 2560.0 GiB, more than "
+                                         "this machine's "),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// The llama2.c header's vocab_size is negative when the classifier has weights of its own;
+// INT32_MIN has no positive counterpart (negating it was undefined behaviour).
+TEST(Llama2c, HeaderWithAnImpossibleVocabularySizeIsRefused) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string path = testing::TempDir() + "/vocab-int-min.bin";
+  for (int32_t vocab : {INT32_MIN, 0}) {
+    SCOPED_TRACE(vocab);
+    {
+      const int32_t header[7] = {64, 172, 5, 8, 4, vocab, 512};
+      std::ofstream f(path, std::ios::binary);
+      f.write(reinterpret_cast<const char*>(header), sizeof header);
+      f << std::string(4096, '\0');
+    }
+    try {
+      Model::load(path, refdata("llama2c/tok512.bin"));
+      FAIL() << "expected an error";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(path + ": not a GGUF file and not a valid llama2.c checkpoint header (vocab_size " +
+                                           std::to_string(vocab) + " is not a vocabulary size)"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(Forward, CancelCheckStopsBetweenLayers) {

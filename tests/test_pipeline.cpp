@@ -255,6 +255,32 @@ TEST(Topology, IntegersMustFitTheirKey) {
   EXPECT_EQ(err("[run]\nn_predict = 64.0\nseed = 9223372036854775807\n[[stages]]\nlayers = [0, 2.0]"), "no error");
 }
 
+// Timing models take rates and durations: a negative or NaN one would make time run backwards
+// (or not at all); an integer beyond its field would wrap.
+TEST(Topology, LinkAndProfileValuesAndIntegersOutsideTheirRangeAreRefusedWithTheKey) {
+  auto err = [](const std::string& rest) {
+    try {
+      Topology::parse("[models.t]\npath = \"x\"\n[run]\n" + rest + "\n", "t.toml", "/");
+      return std::string("no error");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+  };
+  EXPECT_EQ(err("[link]\nlatency_us = -50.0\ngbps = 1.0"), "t.toml:5: link.latency_us: must not be negative, not -50");
+  EXPECT_EQ(err("[link]\nlatency_us = 50.0\ngbps = nan"), "t.toml:6: link.gbps: must be a finite number, not nan");
+  EXPECT_EQ(err("[link]\nlatency_us = inf"), "t.toml:5: link.latency_us: must be a finite number, not inf");
+  for (const char* key : {"flops_per_s", "bytes_per_s", "op_overhead_us", "layer_ms", "layer_token_ms"}) {
+    SCOPED_TRACE(key);
+    const std::string pre = "[devices.d]\nprofile = { " + std::string(key) + " = ";
+    EXPECT_EQ(err(pre + "-1.0 }"), "t.toml:5: devices.d.profile." + std::string(key) + ": must not be negative, not -1");
+    EXPECT_EQ(err(pre + "nan }"), "t.toml:5: devices.d.profile." + std::string(key) + ": must be a finite number, not nan");
+  }
+  EXPECT_EQ(err("[devices.d]\nprofile = { layer_ms = 2.0, layer_token_ms = 0.5 }\n[link]\nlatency_us = 0.0"), "no error");
+  EXPECT_EQ(err("n_ctx = 5000000000"),
+            "t.toml:4: run.n_ctx: expected an integer between -2147483648 and 2147483647, not 5000000000");
+  EXPECT_EQ(err("temperature = 1e300"), "t.toml:4: run.temperature: must be a finite number, not 1e+300");
+}
+
 TEST(Topology, FractionsResolveToContiguousRanges) {
   Topology t = Topology::parse(
       "[models.t]\npath = \"m.gguf\"\n[run]\n[devices.a]\n[devices.b]\n"

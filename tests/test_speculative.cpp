@@ -134,6 +134,54 @@ TEST(Lossless, SpecAndPipeInferOverThreeProcesses) {
   expect_lossless("pipeinfer", "ipc", 3, "cancel = 0");
 }
 
+// `draft = "m"` with `model = "m"`: one model entry serves both roles, each with a pipeline
+// and KV cache of its own (the draft on the stages tagged with its role, or else on the
+// model's untagged stages, or else on a stage added for it), as two entries of one file do.
+TEST(Lossless, DraftMayNameTheTargetsOwnModelEntry) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string model = "stories-target-1M";
+  for (const std::string strategy : {"spec", "pipeinfer"}) {
+    for (const std::string transport : {"inproc", "ipc"}) {
+      for (const std::string draft_stage : {"", "[[stages]]\nrole = \"draft\"\ndevice = \"draft\"\nfraction = 1.0\n"}) {
+        static int n = 0;
+        const std::string id = "same-" + std::to_string(n++);
+        auto ep = [&](const std::string& node) {
+          return transport == "inproc" ? "inproc://" + id + "-" + std::to_string(::getpid()) + "-" + node
+                                       : "ipc://" + tmpdir() + "/" + id + "-" + node + ".ipc";
+        };
+        const std::string path = tmpdir() + "/" + id + ".toml";
+        std::ofstream(path) << "[run]\nmodel = \"m\"\ndraft = \"m\"\nstrategy = \"" << strategy << "\"\n"
+                            << "[models.m]\npath = \"" << path_of(model) << "\"\n"
+                            << "[nodes.head]\nendpoint = \"" << ep("head") << "\"\nhead = true\n[devices.draft]\nnode = \"head\"\n"
+                            << "[nodes.n0]\nendpoint = \"" << ep("n0") << "\"\n[devices.cpu0]\nnode = \"n0\"\n"
+                            << "[nodes.n1]\nendpoint = \"" << ep("n1") << "\"\n[devices.cpu1]\nnode = \"n1\"\n"
+                            << "[[stages]]\nmodel = \"m\"\ndevice = \"cpu0\"\nfraction = 0.5\n"
+                            << "[[stages]]\nmodel = \"m\"\ndevice = \"cpu1\"\nfraction = 0.5\n" << draft_stage;
+        SCOPED_TRACE(strategy + " over " + transport + (draft_stage.empty() ? ", draft on the target's stages" : ", draft on its own stage"));
+        auto rt = Runtime::open(path, opts(transport));
+        auto r = rt->generate({.prompt = "Once upon a time", .n_predict = 48});
+        ASSERT_TRUE(r.ok()) << r.error;
+        EXPECT_EQ(r.ids, reference(model, "Once upon a time", 48));
+        if (strategy == "spec") EXPECT_EQ(r.metrics.accepted, r.metrics.drafted) << "a draft that is the target agrees";
+      }
+    }
+  }
+  // Untagged stages of the shared model for the draft only: the error says why they clash.
+  const std::string path = tmpdir() + "/same-clash.toml";
+  std::ofstream(path) << "[run]\nmodel = \"m\"\ndraft = \"m\"\n[models.m]\npath = \"" << path_of(model) << "\"\n"
+                      << "[devices.a]\n[devices.b]\n[[stages]]\ndevice = \"a\"\nfraction = 1.0\n"
+                      << "[[stages]]\nmodel = \"m\"\ndevice = \"b\"\nfraction = 1.0\n";
+  try {
+    Runtime rt(Topology::load(path));
+    FAIL() << "expected an error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("(roles 'draft' and 'target' both run model 'm' and so share its untagged stages; "
+                                         "give one stages of its own with role = \"draft\")"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Lossless, TreeSpecSingleProcess) {
   SPECMESH_REQUIRE_REFDATA();
   expect_lossless("spec", "inproc", 1, "tree = \"1,1,3,1,1,1\"\np_accept = 0.0");

@@ -24,6 +24,10 @@ struct RuntimeOptions {
   bool spawn_nodes = false;
   std::string specmesh_binary;  // for spawn_nodes; default: this executable
   std::chrono::milliseconds connect_timeout{10000};
+  // At least 0: move the endpoints of the nodes that are not inproc:// so runs of one file can
+  // share a host (tcp ports port_base, port_base + 2, ... in node-name order; ipc paths get
+  // "-pBASE"); 0 picks a base whose endpoints are free. Started nodes get the same base.
+  int port_base = -1;
 };
 
 class Tokenizer;  // specmesh/tokenizer/tokenizer.hpp, for in-tree tools

@@ -106,6 +106,11 @@ struct Topology {
 
   // Every role and its model: "target", "draft" when set, then run.roles.
   std::map<std::string, std::string> role_models() const;
+  // The key that names a role's model: run.model, run.draft or run.roles.NAME.
+  static std::string role_key(const std::string& role);
+  // Throws ConfigError "file:line: key: what", with the line of `key` (or of its table) when
+  // the file gave one; for checks made after parsing, once the models are known.
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const;
 
   // Turns fractions into explicit layer ranges for a role's model of n_layer layers and checks
   // that the role's stages cover [0, n_layer) in order; throws ConfigError.

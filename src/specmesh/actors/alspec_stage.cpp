@@ -269,16 +269,17 @@ caf::actor spawn_alspec_stage(caf::actor_system& sys, AlspecStageConfig cfg, std
                                 std::to_string(cfg.stage.context.layer_begin) + ", " +
                                 std::to_string(cfg.stage.context.layer_end) + "))");
   if (!cfg.stage.tap_layers.empty()) throw std::invalid_argument("an ALSpec group does not tap hidden states");
-  return sys.spawn([cfg = std::move(cfg), stats](caf::stateful_actor<PairState>* self) -> caf::behavior {
-    auto g = std::make_shared<Group>();
-    g->cfg = cfg;
-    g->stats = stats;
-    // Plain attention uses the speculative kernel's layout, so a rejected speculation leaves
-    // what plain decoding computes.
-    ContextParams cp = cfg.stage.context;
-    cp.attention_layout = cfg.settings.spec.layout;
-    g->ctx = std::make_shared<Context>(*cfg.stage.model, cp, &cfg.stage.device_state->pool());
-    g->dev = std::make_unique<AlspecDevice>(*g->ctx, cfg.self, cfg.settings.spec);
+  // Built here, not in the actor, so a cache that cannot be allocated is the caller's error.
+  auto g = std::make_shared<Group>();
+  g->cfg = std::move(cfg);
+  g->stats = std::move(stats);
+  // Plain attention uses the speculative kernel's layout, so a rejected speculation leaves
+  // what plain decoding computes.
+  ContextParams cp = g->cfg.stage.context;
+  cp.attention_layout = g->cfg.settings.spec.layout;
+  g->ctx = std::make_shared<Context>(*g->cfg.stage.model, cp, &g->cfg.stage.device_state->pool());
+  g->dev = std::make_unique<AlspecDevice>(*g->ctx, g->cfg.self, g->cfg.settings.spec);
+  return sys.spawn([g](caf::stateful_actor<PairState>* self) -> caf::behavior {
     self->state.g = g;
     return {
         [self](const std::string& from, const Envelope& env) {

@@ -1,6 +1,8 @@
 #include "specmesh/actors/head.hpp"
 
 #include <deque>
+#include <stdexcept>
+#include <string>
 
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
@@ -20,11 +22,23 @@ struct HeadState {
   uint64_t next_run = 1;
 };
 
+std::string stopped_answering(const std::string& node) {
+  return "node '" + node + "' stopped answering (process gone or frozen)";
+}
+
+// A node of some pipeline that does not answer now, or empty.
+std::string node_down(const HeadConfig& cfg) {
+  for (const auto& [role, p] : cfg.pipelines)
+    for (const std::string& n : p.nodes)
+      if (!cfg.router->reachable(n)) return n;
+  return {};
+}
+
 // Starts queued sessions one at a time, and clears away the one that ended.
 void settle(HeadState& st) {
   for (;;) {
     if (st.host && st.host->done()) {
-      st.strategy->abandon();
+      if (st.strategy) st.strategy->abandon();  // none when the session failed before it had one
       st.strategy.reset();
       st.host.reset();
     }
@@ -33,6 +47,9 @@ void settle(HeadState& st) {
     st.queue.pop_front();
     try {
       st.host = std::make_unique<HeadHost>(st.cfg, s, st.next_run);
+      // Its runs would wait in queues for a node that is gone or frozen: refuse now.
+      if (const std::string down = node_down(st.cfg); !down.empty())
+        throw std::runtime_error(stopped_answering(down) + "; request not started");
       st.strategy = st.cfg.strategy->make(*st.host);
       // Every request starts from clean caches; the removal travels ahead of the first run. A
       // pair's partner gets it from the target's group, in order with the runs.
@@ -56,7 +73,7 @@ void on_error(HeadState& st, const Error& e) {
   for (const auto& [role, p] : st.cfg.pipelines)
     ours = ours || std::find(p.nodes.begin(), p.nodes.end(), e.peer) != p.nodes.end();
   if (e.code != ErrorCode::peer_down) st.host->finish("node '" + e.peer + "': " + e.message);
-  else if (ours) st.host->finish("node '" + e.peer + "' stopped answering (process gone or frozen); generation aborted");
+  else if (ours) st.host->finish(stopped_answering(e.peer) + "; generation aborted");
 }
 
 }  // namespace

@@ -204,11 +204,13 @@ caf::actor spawn_stage(caf::actor_system& sys, StageConfig cfg, std::shared_ptr<
   cfg.tap_layers.erase(std::unique(cfg.tap_layers.begin(), cfg.tap_layers.end()), cfg.tap_layers.end());
   // The context keeps only the taps inside its own range; the others stay empty in captured.
   cfg.context.capture_layers = cfg.tap_layers;
-  return sys.spawn([cfg = std::move(cfg), stats](caf::stateful_actor<StageState>* self) -> caf::behavior {
+  // Built here, not in the actor, so a cache that cannot be allocated is the caller's error.
+  auto ctx = std::make_shared<Context>(*cfg.model, cfg.context, &cfg.device_state->pool());
+  return sys.spawn([cfg = std::move(cfg), stats, ctx](caf::stateful_actor<StageState>* self) -> caf::behavior {
     auto& st = self->state;
     st.cfg = cfg;
     st.stats = stats;
-    st.ctx = std::make_shared<Context>(*cfg.model, cfg.context, &cfg.device_state->pool());
+    st.ctx = ctx;
     return {
         [self](const std::string& from, const Envelope& env) {
           auto& st = self->state;

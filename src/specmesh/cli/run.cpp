@@ -2,14 +2,18 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "specmesh/runtime/load_checks.hpp"
 #include "specmesh/runtime/node.hpp"
+#include "specmesh/runtime/port_base.hpp"
 #include "specmesh/cli/commands.hpp"
+#include "specmesh/cli/interrupt.hpp"
 #include "specmesh/cli/output.hpp"
 #include "specmesh/cli/params.hpp"
 #include "specmesh/speculation/registry.hpp"
@@ -23,14 +27,17 @@ struct RunOptions {
   std::string config, prompt, strategy;
   ParamOptions params;
   int n_predict = 0;
+  int port_base = -1;
   bool json = false, spawn = false, ignore_eos = false;
   double timeout_s = 10;
 };
 
 int run_topology(const RunOptions& o, const CLI::App& cmd) {
+  Interrupts interrupts;  // before the runtime starts any thread
   RuntimeOptions ro;
   ro.spawn_nodes = o.spawn;
   ro.connect_timeout = std::chrono::milliseconds(int64_t(o.timeout_s * 1000));
+  ro.port_base = o.port_base;
   Topology topo = Topology::load(o.config);
   // Command-line choices override the file's [run] strategy and parameters.
   if (!o.strategy.empty() && o.strategy != topo.run.strategy) {
@@ -47,13 +54,16 @@ int run_topology(const RunOptions& o, const CLI::App& cmd) {
     std::fputs(o.prompt.c_str(), stdout);
     std::fflush(stdout);
   }
-  GenerationResult r = rt->generate(req, [&](int32_t, const std::string& piece) {
+  auto generation = rt->submit(req, [&](int32_t, const std::string& piece) {
     if (!o.json) {
       std::fputs(piece.c_str(), stdout);
       std::fflush(stdout);
     }
     return true;
   });
+  interrupts.watch(generation.get());
+  GenerationResult r = generation->wait();
+  interrupts.watch(nullptr);
   if (o.json) {
     std::puts(dump(result_json(r)).c_str());
   } else {
@@ -63,10 +73,15 @@ int run_topology(const RunOptions& o, const CLI::App& cmd) {
     std::fprintf(stderr, "specmesh: error: %s\n", r.error.c_str());
     return 1;
   }
+  if (const int sig = interrupts.received()) {
+    std::fprintf(stderr, "specmesh: %s: stopped after %zu tokens\n", strsignal(sig), r.ids.size());
+    rt.reset();  // stops the started nodes before the exit status says why
+    return 128 + sig;
+  }
   return 0;
 }
 
-int run_node(const std::string& config, const std::string& name) {
+int run_node(const std::string& config, const std::string& name, int port_base) {
   // Block the stop signals before any thread starts, then wait for one of them.
   sigset_t set;
   sigemptyset(&set);
@@ -76,8 +91,11 @@ int run_node(const std::string& config, const std::string& name) {
 
   Topology topo = Topology::load(config);
   if (!topo.nodes.count(name)) throw ConfigError(config + ": no node named '" + name + "' in [nodes]");
+  if (port_base > 0) move_endpoints(topo, port_base);
+  check_endpoints_free(topo, {name});
   ModelCache models;
   resolve_layers(topo, models);
+  check_kv_memory(topo, models, {name});
   caf::actor_system_config cfg;
   configure_low_latency_scheduler(cfg);
   caf::actor_system sys{cfg};
@@ -103,6 +121,10 @@ void register_run(CLI::App& app) {
   cmd->add_flag("--json", o->json, "print one JSON object with ids, text and stats");
   cmd->add_flag("--spawn", o->spawn, "start the topology's other nodes as child processes");
   cmd->add_option("--connect-timeout", o->timeout_s, "seconds to wait for the other nodes");
+  cmd->add_option("--port-base", o->port_base,
+                  "move the endpoints of the nodes that are not inproc:// (tcp ports N, N+2, ... in node-name order; ipc "
+                  "paths get -pN) so runs of one file can share a host; 0 picks free ones")
+      ->check(CLI::Range(0, 65533));
   cmd->add_option("--strategy", o->strategy, "override run.strategy (" + strategy_names() + ")");
   o->params.add_to(*cmd);
   cmd->callback([o, cmd] {
@@ -112,12 +134,17 @@ void register_run(CLI::App& app) {
 }
 
 void register_node(CLI::App& app) {
-  struct Opts { std::string config, name; };
+  struct Opts {
+    std::string config, name;
+    int port_base = -1;
+  };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand("node", "Serve one node of a topology in this process until SIGTERM/SIGINT");
   cmd->add_option("--config", o->config, "topology file (TOML)")->required()->check(CLI::ExistingFile);
   cmd->add_option("--name", o->name, "node name in [nodes]")->required();
-  cmd->callback([o] { run_node(o->config, o->name); });
+  cmd->add_option("--port-base", o->port_base, "the port base of the run this node belongs to (specmesh run --port-base)")
+      ->check(CLI::Range(1, 65533));
+  cmd->callback([o] { run_node(o->config, o->name, o->port_base); });
 }
 
 }  // namespace specmesh

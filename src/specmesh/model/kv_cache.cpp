@@ -1,5 +1,10 @@
 #include "specmesh/model/kv_cache.hpp"
 
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <new>
 #include <stdexcept>
 
 namespace specmesh {
@@ -8,11 +13,37 @@ namespace {
 bool in_range(int32_t pos, int32_t p0, int32_t p1) { return pos >= std::max(p0, 0) && (p1 < 0 || pos < p1); }
 }  // namespace
 
+uint64_t physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) : UINT64_MAX;
+}
+
+std::string bytes_text(uint64_t bytes) {
+  const char* unit = "GiB";
+  double v = double(bytes) / double(1 << 30);
+  if (bytes < (uint64_t(1) << 20)) unit = "KiB", v = double(bytes) / 1024;
+  else if (bytes < (uint64_t(1) << 30)) unit = "MiB", v = double(bytes) / double(1 << 20);
+  char text[64];
+  std::snprintf(text, sizeof text, "%.1f %s", v, unit);
+  return text;
+}
+
 KvCache::KvCache(int n_cells, int layer_begin, int layer_end, int kv_dim)
-    : layer_begin_(layer_begin), layer_end_(layer_end), kv_dim_(kv_dim), cells_(n_cells) {
-  for (int l = layer_begin; l < layer_end; ++l) {
-    k_.emplace_back(size_t(n_cells) * kv_dim);
-    v_.emplace_back(size_t(n_cells) * kv_dim);
+    : layer_begin_(layer_begin), layer_end_(layer_end), kv_dim_(kv_dim) {
+  const uint64_t bytes = bytes_needed(n_cells, layer_end - layer_begin, kv_dim), memory = physical_memory_bytes();
+  const auto what = [&] {
+    return "a KV cache of " + std::to_string(n_cells) + " cells for layers [" + std::to_string(layer_begin) + ", " +
+           std::to_string(layer_end) + ") needs " + bytes_text(bytes);
+  };
+  if (bytes > memory) throw std::runtime_error(what() + ", more than this machine's " + bytes_text(memory) + " of memory");
+  try {
+    cells_.resize(n_cells);
+    for (int l = layer_begin; l < layer_end; ++l) {
+      k_.emplace_back(size_t(n_cells) * kv_dim);
+      v_.emplace_back(size_t(n_cells) * kv_dim);
+    }
+  } catch (const std::bad_alloc&) {
+    throw std::runtime_error(what() + ", which cannot be allocated (out of memory)");
   }
 }
 

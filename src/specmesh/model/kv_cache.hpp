@@ -18,10 +18,22 @@ struct KvCell {
   bool empty() const { return seqs == 0; }
 };
 
+// This machine's physical memory in bytes: more than any one process can hold.
+uint64_t physical_memory_bytes();
+// Bytes as "12.3 GiB" (or MiB, KiB), for messages.
+std::string bytes_text(uint64_t bytes);
+
 class KvCache {
  public:
   // Holds layers [layer_begin, layer_end) of a model with kv_dim values per key/value row.
+  // Throws std::runtime_error, naming the size, when that is more than this machine's memory
+  // or cannot be allocated.
   KvCache(int n_cells, int layer_begin, int layer_end, int kv_dim);
+
+  // Bytes of keys and values n_cells cells of n_layers layers hold.
+  static uint64_t bytes_needed(int64_t n_cells, int n_layers, int kv_dim) {
+    return uint64_t(n_cells) * uint64_t(n_layers) * uint64_t(kv_dim) * 2 * sizeof(float);
+  }
 
   int n_cells() const { return static_cast<int>(cells_.size()); }
   int layer_begin() const { return layer_begin_; }

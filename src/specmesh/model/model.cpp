@@ -1,5 +1,6 @@
 #include "specmesh/model/model.hpp"
 
+#include <cstdint>
 #include <cstring>
 
 #include "specmesh/formats/gguf.hpp"
@@ -150,6 +151,11 @@ void Model::load_llama2c(MappedFile file, const MappedFile* tokenizer) {
   int32_t h[7];
   std::memcpy(h, map_.data(), sizeof h);
   const int dim = h[0], hidden = h[1], n_layers = h[2], n_heads = h[3], n_kv = h[4], seq_len = h[6];
+  // vocab_size's sign says whether the classifier shares the embedding's weights; its
+  // magnitude must be a vocabulary size (INT32_MIN has no positive counterpart).
+  if (h[5] == 0 || h[5] == INT32_MIN)
+    fail("not a GGUF file and not a valid llama2.c checkpoint header (vocab_size " + std::to_string(h[5]) +
+         " is not a vocabulary size)");
   const bool shared = h[5] > 0;
   const int vocab = shared ? h[5] : -h[5];
   if (dim <= 0 || hidden <= 0 || n_layers <= 0 || n_heads <= 0 || n_kv <= 0 || vocab <= 0 || seq_len <= 0 ||

@@ -156,12 +156,6 @@ HeadConfig head_config(const Topology& topo, ModelCache& models, std::shared_ptr
     p.first_node = p.nodes.front();
     hc.pipelines[role] = std::move(p);
   }
-  const PipelineRef& target = hc.target();
-  for (const auto& [role, p] : hc.pipelines)
-    if (p.model->hparams().n_vocab != target.model->hparams().n_vocab)
-      throw ConfigError(topo.path + ": role '" + role + "': its model's vocabulary (" +
-                        std::to_string(p.model->hparams().n_vocab) + " tokens) differs from the target's (" +
-                        std::to_string(target.model->hparams().n_vocab) + ")");
   hc.router = std::move(router);
   hc.sampling = {run.temperature, run.top_k, run.top_p, run.min_p, run.seed};
   hc.n_predict = run.n_predict;

@@ -1,59 +1,28 @@
 #include "specmesh/runtime.hpp"
 
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/send.hpp>
 #include <spdlog/spdlog.h>
 
 #include "specmesh/model/context.hpp"
+#include "specmesh/runtime/load_checks.hpp"
 #include "specmesh/runtime/node.hpp"
-
-#include <filesystem>
+#include "specmesh/runtime/node_processes.hpp"
+#include "specmesh/runtime/port_base.hpp"
 
 namespace specmesh {
 
 struct Runtime::Impl {
   Topology topo;
   RuntimeOptions opts;
-  std::vector<pid_t> children;
+  NodeProcesses children;
+  int port_base = -1;  // applied to the topology and passed on to started nodes
   caf::actor_system_config cfg;
   std::unique_ptr<caf::actor_system> sys;
   ModelCache models;
   std::vector<std::unique_ptr<NodeHost>> nodes;  // hosted in this process; [0] is the head
   std::shared_ptr<const Model> head_model;
-
-  void spawn_children() {
-    if (!std::filesystem::is_regular_file(topo.path))
-      throw std::runtime_error("starting node processes needs the configuration as a topology file (nodes run `specmesh "
-                               "node --config FILE`); this one was built in code: " + topo.path);
-    std::string bin = opts.specmesh_binary;
-    if (bin.empty()) {
-      char buf[4096];
-      ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-      if (n <= 0) throw std::runtime_error("cannot find the specmesh binary to start nodes with");
-      bin.assign(buf, n);
-    }
-    for (const auto& [name, node] : topo.nodes) {
-      if (name == topo.head_node || node.endpoint.rfind("inproc://", 0) == 0) continue;
-      pid_t pid = ::fork();
-      if (pid < 0) throw std::runtime_error("fork failed while starting node '" + name + "'");
-      if (pid == 0) {
-        ::execl(bin.c_str(), bin.c_str(), "node", "--config", topo.path.c_str(), "--name", name.c_str(), (char*)nullptr);
-        ::_exit(127);
-      }
-      children.push_back(pid);
-    }
-  }
-
-  void stop_children() {
-    for (pid_t pid : children) ::kill(pid, SIGTERM);
-    for (pid_t pid : children) ::waitpid(pid, nullptr, 0);
-    children.clear();
-  }
 };
 
 Runtime::Runtime(Topology topology, RuntimeOptions options) : impl_(std::make_unique<Impl>()) {
@@ -62,9 +31,22 @@ Runtime::Runtime(Topology topology, RuntimeOptions options) : impl_(std::make_un
   m.opts = options;
   m.topo.check();
   resolve_layers(m.topo, m.models);
+  check_vocabularies(m.topo, m.models);
+  // The nodes this process hosts or starts share this machine's memory.
+  std::vector<std::string> here;
+  for (const auto& [name, node] : m.topo.nodes)
+    if (name == m.topo.head_node || node.endpoint.rfind("inproc://", 0) == 0 || m.opts.spawn_nodes) here.push_back(name);
+  check_kv_memory(m.topo, m.models, here);
+  if (m.opts.port_base >= 0) {
+    m.port_base = m.opts.port_base > 0 ? m.opts.port_base : free_port_base(m.topo);
+    move_endpoints(m.topo, m.port_base);
+  }
+  // A second run of the same file must not take the first one's addresses (ZeroMQ would
+  // silently replace an ipc socket file, and its nodes would join the first run's mesh).
+  check_endpoints_free(m.topo, here);
   m.head_model = m.models.get(m.topo.models.at(m.topo.run.model));
-  if (m.opts.spawn_nodes) m.spawn_children();
   try {
+    if (m.opts.spawn_nodes) m.children.start(m.topo, m.opts.specmesh_binary, m.port_base);
     configure_low_latency_scheduler(m.cfg);
     m.sys = std::make_unique<caf::actor_system>(m.cfg);
     m.nodes.push_back(std::make_unique<NodeHost>(*m.sys, m.topo, m.topo.head_node, m.models));
@@ -99,7 +81,7 @@ Runtime::Runtime(Topology topology, RuntimeOptions options) : impl_(std::make_un
   } catch (...) {
     m.nodes.clear();
     m.sys.reset();
-    m.stop_children();
+    m.children.stop();
     throw;
   }
 }
@@ -111,7 +93,7 @@ std::unique_ptr<Runtime> Runtime::open(const std::string& path, RuntimeOptions o
 Runtime::~Runtime() {
   impl_->nodes.clear();
   impl_->sys.reset();
-  impl_->stop_children();
+  impl_->children.stop();
 }
 
 struct Generation::State {

@@ -10,6 +10,7 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include <toml++/toml.h>
 
@@ -53,6 +54,12 @@ int64_t integer(const Errors& e, const toml::node& n, const std::string& key, in
   return v;
 }
 
+std::string number_text(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
 template <class T>
 T get(const Errors& e, const toml::table& t, const std::string& prefix, const std::string& key, T fallback) {
   const toml::node* n = t.get(key);
@@ -67,9 +74,22 @@ T get(const Errors& e, const toml::table& t, const std::string& prefix, const st
     constexpr int64_t hi = std::numeric_limits<T>::max() > uint64_t(INT64_MAX) ? INT64_MAX : int64_t(std::numeric_limits<T>::max());
     return static_cast<T>(integer(e, *n, prefix + key, std::numeric_limits<T>::min(), hi));
   } else {
-    if (auto v = n->value<double>()) return static_cast<T>(*v);
+    if (auto v = n->value<double>()) {
+      if (std::isfinite(*v) && !(std::abs(*v) <= double(std::numeric_limits<T>::max())))
+        e.fail(n, prefix + key, "must be a finite number, not " + number_text(*v));
+      return static_cast<T>(*v);
+    }
     e.fail(n, prefix + key, "expected a number");
   }
+}
+
+// A rate, duration or latency: finite and not negative (NaN passes every comparison, so the
+// range is checked as "inside").
+double non_negative(const Errors& e, const toml::table& t, const std::string& prefix, const std::string& key) {
+  const double v = get<double>(e, t, prefix, key, 0);
+  if (!std::isfinite(v)) e.fail(t.get(key), prefix + key, "must be a finite number, not " + number_text(v));
+  if (!(v >= 0)) e.fail(t.get(key), prefix + key, "must not be negative, not " + number_text(v));
+  return v;
 }
 
 void check_keys(const Errors& e, const toml::table& t, const std::string& prefix, std::set<std::string> allowed) {
@@ -156,6 +176,9 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
     auto line_of = [&](const toml::node* n, const std::string& key) {
       if (n) t.lines[key] = n->source().begin.line;
     };
+    line_of(r.get("model"), "run.model");
+    line_of(r.get("draft"), "run.draft");
+    line_of(r.get("n_ctx"), "run.n_ctx");
     s.model = get<std::string>(e, r, "run.", "model", t.models.size() == 1 ? t.models.begin()->first : "");
     if (!t.models.count(s.model)) e.fail(r.get("model"), "run.model", "names no model in [models]: '" + s.model + "'");
     s.strategy = get<std::string>(e, r, "run.", "strategy", "");
@@ -186,17 +209,12 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
     s.metrics_csv = resolve_path(base_dir, get<std::string>(e, r, "run.", "metrics_csv", ""));
     if (s.n_predict <= 0) e.fail(r.get("n_predict"), "run.n_predict", "must be positive");
     // NaN passes every comparison, so each range is checked as "inside", never as "not outside".
-    auto number = [](float v) {
-      std::ostringstream o;
-      o << v;
-      return o.str();
-    };
     if (!std::isfinite(s.temperature))
-      e.fail(r.get("temperature"), "run.temperature", "must be a finite number, not " + number(s.temperature));
+      e.fail(r.get("temperature"), "run.temperature", "must be a finite number, not " + number_text(s.temperature));
     if (!(s.temperature >= 0)) e.fail(r.get("temperature"), "run.temperature", "must not be negative");
     if (!(s.top_k >= 0)) e.fail(r.get("top_k"), "run.top_k", "must not be negative (0: off)");
-    if (!(s.top_p >= 0 && s.top_p <= 1)) e.fail(r.get("top_p"), "run.top_p", "must be between 0 and 1, not " + number(s.top_p));
-    if (!(s.min_p >= 0 && s.min_p <= 1)) e.fail(r.get("min_p"), "run.min_p", "must be between 0 and 1, not " + number(s.min_p));
+    if (!(s.top_p >= 0 && s.top_p <= 1)) e.fail(r.get("top_p"), "run.top_p", "must be between 0 and 1, not " + number_text(s.top_p));
+    if (!(s.min_p >= 0 && s.min_p <= 1)) e.fail(r.get("min_p"), "run.min_p", "must be between 0 and 1, not " + number_text(s.min_p));
     if (!(s.n_ctx >= 0)) e.fail(r.get("n_ctx"), "run.n_ctx", "must not be negative (0: the model's own)");
     if (const toml::node* p = r.get("params")) {
       line_of(p, "run.params");
@@ -250,11 +268,11 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
           check_keys(e, pt, pre + "profile.", {"flops_per_s", "bytes_per_s", "op_overhead_us", "layer_ms", "layer_token_ms"});
           DeviceProfile d;
           d.name = s.name;
-          d.flops_per_s = get<double>(e, pt, pre + "profile.", "flops_per_s", 0);
-          d.bytes_per_s = get<double>(e, pt, pre + "profile.", "bytes_per_s", 0);
-          d.op_overhead_s = get<double>(e, pt, pre + "profile.", "op_overhead_us", 0) * 1e-6;
-          d.layer_s = get<double>(e, pt, pre + "profile.", "layer_ms", 0) * 1e-3;
-          d.layer_token_s = get<double>(e, pt, pre + "profile.", "layer_token_ms", 0) * 1e-3;
+          d.flops_per_s = non_negative(e, pt, pre + "profile.", "flops_per_s");
+          d.bytes_per_s = non_negative(e, pt, pre + "profile.", "bytes_per_s");
+          d.op_overhead_s = non_negative(e, pt, pre + "profile.", "op_overhead_us") * 1e-6;
+          d.layer_s = non_negative(e, pt, pre + "profile.", "layer_ms") * 1e-3;
+          d.layer_token_s = non_negative(e, pt, pre + "profile.", "layer_token_ms") * 1e-3;
           s.profile = d;
         }
       }
@@ -271,8 +289,8 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
     } else {
       const auto& lt = table_at(e, *n, "link");
       check_keys(e, lt, "link.", {"latency_us", "gbps"});
-      t.link.latency_s = get<double>(e, lt, "link.", "latency_us", 0) * 1e-6;
-      t.link.bytes_per_s = get<double>(e, lt, "link.", "gbps", 0) * 1e9 / 8;
+      t.link.latency_s = non_negative(e, lt, "link.", "latency_us") * 1e-6;
+      t.link.bytes_per_s = non_negative(e, lt, "link.", "gbps") * 1e9 / 8;
     }
   }
 
@@ -321,17 +339,21 @@ std::map<std::string, std::string> Topology::role_models() const {
   return out;
 }
 
+void Topology::fail(const std::string& key, const std::string& what) const {
+  auto it = lines.find(key);
+  if (it == lines.end()) it = lines.find(key.substr(0, key.rfind('.')));
+  throw ConfigError(path + (it != lines.end() ? ":" + std::to_string(it->second) : "") + ": " + key + ": " + what);
+}
+
+std::string Topology::role_key(const std::string& role) {
+  return role == kTargetRole ? "run.model" : role == kDraftRole ? "run.draft" : "run.roles." + role;
+}
+
 void Topology::check() {
-  auto fail = [&](const std::string& key, const std::string& what) {
-    auto it = lines.find(key);
-    if (it == lines.end()) it = lines.find(key.substr(0, key.rfind('.')));
-    throw ConfigError(path + (it != lines.end() ? ":" + std::to_string(it->second) : "") + ": " + key + ": " + what);
-  };
   if (run.model.empty() || !models.count(run.model)) fail("run.model", "names no model in [models]: '" + run.model + "'");
   std::map<std::string, std::string> roles = role_models();
   for (const auto& [role, model] : roles)
-    if (!models.count(model)) fail(role == kTargetRole ? "run.model" : role == "draft" ? "run.draft" : "run.roles." + role,
-                                   "names no model in [models]: '" + model + "'");
+    if (!models.count(model)) fail(role_key(role), "names no model in [models]: '" + model + "'");
   std::set<std::string> present;
   for (const auto& [role, model] : roles) present.insert(role);
   const StrategyInfo* info = run.strategy.empty() ? &default_strategy(present) : find_strategy(run.strategy);
@@ -416,8 +438,18 @@ const NodeSpec& Topology::node_of_device(const std::string& device) const {
 void Topology::resolve_layers(const std::string& role, int n_layer) {
   std::vector<StageSpec*> ss;
   for (const StageSpec* c : stages_of(role)) ss.push_back(const_cast<StageSpec*>(c));
+  // Roles of one model share its untagged stages: say so, it is the likely cause.
+  std::string shared;
+  const auto roles = role_models();
+  if (!ss.empty() && ss.front()->role.empty())
+    for (const auto& [other, model] : roles)
+      if (other != role && model == roles.at(role) && stages_of(other) == stages_of(role))
+        shared = " (roles '" + role + "' and '" + other + "' both run model '" + model +
+                 "' and so share its untagged stages; give one stages of its own with role = \"" +
+                 (role == kTargetRole ? other : role) + "\")";
   auto fail = [&](const StageSpec* s, const std::string& what) {
-    throw ConfigError(path + (s && s->line ? ":" + std::to_string(s->line) : "") + ": stages of role '" + role + "': " + what);
+    throw ConfigError(path + (s && s->line ? ":" + std::to_string(s->line) : "") + ": stages of role '" + role + "': " + what +
+                      shared);
   };
   int next = 0;
   for (size_t i = 0; i < ss.size(); ++i) {

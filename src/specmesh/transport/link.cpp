@@ -1,5 +1,7 @@
 #include "specmesh/transport/link.hpp"
 
+#include "specmesh/transport/endpoint.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <arpa/inet.h>
@@ -65,29 +67,6 @@ std::string printable(const void* data, std::size_t n) {
   auto p = static_cast<const unsigned char*>(data);
   for (std::size_t i = 0; i < n && i < 64; ++i) s += (p[i] >= 0x20 && p[i] < 0x7f) ? char(p[i]) : '?';
   return s;
-}
-
-struct TcpParts {
-  std::string host;
-  int port = 0;
-};
-
-TcpParts parse_tcp(const std::string& ep) {
-  auto rest = ep.substr(6);
-  auto colon = rest.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == rest.size())
-    throw std::invalid_argument("endpoint '" + ep + "': expected tcp://HOST:PORT");
-  TcpParts t;
-  t.host = rest.substr(0, colon);
-  std::size_t used = 0;
-  try {
-    t.port = std::stoi(rest.substr(colon + 1), &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != rest.size() - colon - 1 || t.port <= 0 || t.port >= 65535)
-    throw std::invalid_argument("endpoint '" + ep + "': port must be 1..65534 (control uses port+1)");
-  return t;
 }
 
 // Literal addresses only: ZeroMQ binds interface names and addresses, never DNS names.

@@ -51,6 +51,12 @@ bool Router::deliver(const std::string& node, Envelope env) {
   return gateway_->send(node, std::move(env));
 }
 
+bool Router::reachable(const std::string& node) {
+  std::lock_guard<std::mutex> lk(gw_mu_);
+  if (!gateway_) return false;
+  return node == self_ || gateway_->peer_alive(node);
+}
+
 void Router::close() {
   std::lock_guard<std::mutex> lk(gw_mu_);
   gateway_ = nullptr;

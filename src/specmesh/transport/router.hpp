@@ -33,6 +33,9 @@ class Router {
 
   // Sends `env` to `node`; false when the node is unknown or the router is closed.
   bool send(const std::string& node, Envelope env);
+  // Whether `node` answers now: this node, or a peer the gateway has heard from lately (false
+  // from its peer_down report until it is heard again, and once the router is closed).
+  bool reachable(const std::string& node);
   // Stops using the gateway (before it is destroyed); later sends return false.
   void close();
 

@@ -1,0 +1,153 @@
+// A topology that cannot work is refused when it is loaded, with the key and the reason,
+// before any node starts: never a crash inside an actor, a hang or nonsense tokens later.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "refdata.hpp"
+#include "specmesh/model/synthetic.hpp"
+#include "specmesh/runtime.hpp"
+#include "specmesh/runtime/load_checks.hpp"
+
+using namespace specmesh;
+using specmesh::test::refdata;
+
+namespace {
+
+std::string tmpdir() {
+  static std::string dir = [] {
+    auto d = std::filesystem::temp_directory_path() / ("specmesh-load-checks-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(d);
+    return d.string();
+  }();
+  return dir;
+}
+
+std::string write(const std::string& name, const std::string& text) {
+  const std::string path = tmpdir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+struct CliResult {
+  int status;
+  std::string out;
+};
+
+// The specmesh binary with stdout and stderr; a run that has not ended after a minute is
+// killed and reported as status 124 (a hang is a failure here, never a stuck test).
+CliResult cli(const std::string& args) {
+  FILE* p = popen(("timeout -s KILL 60 " + std::string(SPECMESH_CLI_PATH) + " " + args + " 2>&1").c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
+}
+
+std::string error_of(const std::string& topology_path) {
+  try {
+    Runtime rt(Topology::load(topology_path));
+    return "no error";
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+}
+
+}  // namespace
+
+// n_ctx = 2e9 asked for terabytes of KV cache: std::bad_alloc inside a stage actor, then a
+// head waiting forever for its logits.
+TEST(LoadChecks, ContextThatDoesNotFitInMemoryIsRefusedWithTheKey) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string model = refdata("gguf-models/stories260K.gguf");
+  const std::string topo = write("huge-ctx.toml", "[models.m]\npath = \"" + model + "\"\n[run]\nn_ctx = 2e9\n");
+  auto r = cli("run " + topo + " -p hi -n 4");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find(topo + ":4: run.n_ctx: a context of 2000000000 tokens needs "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("GiB of KV cache"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("memory"), std::string::npos) << r.out;
+
+  auto g = cli("generate -m " + model + " -c 2000000000 -p hi -n 4");
+  EXPECT_EQ(g.status, 1) << g.out;
+  EXPECT_NE(g.out.find("a context of 2000000000 tokens needs "), std::string::npos) << g.out;
+
+  // Several stages of one node share its memory; spawned nodes are checked before they start.
+  const std::string split = write("huge-ctx-split.toml",
+                                  "[models.m]\npath = \"" + model + "\"\n[run]\nn_ctx = 400000000\n"
+                                  "[nodes.head]\nendpoint = \"ipc://" + tmpdir() + "/head\"\nhead = true\n"
+                                  "[nodes.n0]\nendpoint = \"ipc://" + tmpdir() + "/n0\"\n"
+                                  "[devices.a]\nnode = \"n0\"\n[devices.b]\nnode = \"n0\"\n"
+                                  "[[stages]]\ndevice = \"a\"\nlayers = [0, 3]\n[[stages]]\ndevice = \"b\"\nlayers = [3, 5]\n");
+  auto s = cli("run " + split + " --spawn -p hi -n 4");
+  EXPECT_EQ(s.status, 1) << s.out;
+  EXPECT_NE(s.out.find(split + ":4: run.n_ctx: a context of 400000000 tokens needs "), std::string::npos) << s.out;
+  EXPECT_NE(s.out.find("node 'n0'"), std::string::npos) << s.out;
+
+  // Sizes that fit still run.
+  auto ok = cli("run " + write("ctx-ok.toml", "[models.m]\npath = \"" + model + "\"\n[run]\nn_ctx = 4096\n") +
+               " -p hi -n 4 --json");
+  EXPECT_EQ(ok.status, 0) << ok.out;
+}
+
+// A node's stages share its memory: each cache may fit while all of them together do not.
+TEST(LoadChecks, StagesOfOneNodeShareItsMemory) {
+  SPECMESH_REQUIRE_REFDATA();
+  Topology t = Topology::parse("[models.m]\npath = \"" + refdata("gguf-models/stories260K.gguf") +
+                                   "\"\n[run]\nn_ctx = 1000\n[nodes.head]\nendpoint = \"inproc://h\"\nhead = true\n"
+                                   "[nodes.n0]\nendpoint = \"ipc:///tmp/n0\"\n[devices.a]\nnode = \"n0\"\n[devices.b]\nnode = \"n0\"\n"
+                                   "[[stages]]\ndevice = \"a\"\nlayers = [0, 3]\n[[stages]]\ndevice = \"b\"\nlayers = [3, 5]\n",
+                               "t.toml", "/");
+  ModelCache models;
+  resolve_layers(t, models);
+  // stories260K: 32 key and 32 value floats per cell and layer, 256 bytes; 5 layers of 1000 cells.
+  const uint64_t all = 5 * 1000 * 256;
+  EXPECT_NO_THROW(check_kv_memory(t, models, {"head", "n0"}, all));
+  try {
+    check_kv_memory(t, models, {"head", "n0"}, all - 1);
+    FAIL() << "expected an error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("t.toml:4: run.n_ctx: a context of 1000 tokens needs 1.2 MiB of KV cache on node 'n0', "
+                                         "more than this machine's 1.2 MiB of memory"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(check_kv_memory(t, models, {"head"}, 1));  // no stages there
+}
+
+// A draft with another vocabulary proposes ids that mean other text to the target: its
+// size alone can agree (512 and 512 here) while the tokens differ.
+TEST(LoadChecks, DraftWithAnotherVocabularyIsRefusedNamingBothModels) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string target = refdata("gguf-models/stories260K.gguf");
+  SyntheticSpec s;  // a synthetic vocabulary of the same size
+  s.n_vocab = 512;
+  const std::string other = tmpdir() + "/synthetic-vocab.gguf";
+  write_synthetic_model(s, other);
+  const std::string head = "[models.t]\npath = \"" + target + "\"\n[models.d]\npath = \"";
+  const std::string run = "\"\n[run]\nmodel = \"t\"\ndraft = \"d\"\n";
+  const std::string texts = error_of(write("other-texts.toml", head + other + run));
+  EXPECT_NE(texts.find("other-texts.toml:7: run.draft: model 'd' (" + other + ") and the target's model 't' (" + target +
+                       ") have different vocabularies: token "),
+            std::string::npos)
+      << texts;
+
+  s.n_vocab = 600;
+  const std::string bigger = tmpdir() + "/synthetic-vocab-600.gguf";
+  write_synthetic_model(s, bigger);
+  const std::string size = error_of(write("other-size.toml", head + bigger + run));
+  EXPECT_NE(size.find("other-size.toml:7: run.draft: model 'd' (" + bigger + ") and the target's model 't' (" + target +
+                      ") have different vocabularies: 600 tokens and 512"),
+            std::string::npos)
+      << size;
+
+  // Another file with the same vocabulary is fine.
+  EXPECT_EQ(error_of(write("same-vocab.toml", head + refdata("gguf-models/stories260K-draft-tiny.gguf") + run)), "no error");
+}
