@@ -43,9 +43,16 @@ std::string format_number(ParamType t, double v) {
 
 std::string format_value(const ParamSpec& spec, const ParamValue& v) {
   if (spec.type != ParamType::IntList) return format_number(spec.type, v.number);
+  return v.list.empty() ? "none" : format_int_list(v.list);
+}
+
+std::string format_int_list(const std::vector<int>& list) {
   std::string out;
-  for (int x : v.list) out += (out.empty() ? "" : ",") + std::to_string(x);
-  return out.empty() ? "none" : out;
+  for (int x : list) {
+    if (!out.empty()) out += ',';
+    out += std::to_string(x);
+  }
+  return out;
 }
 
 std::string describe(const ParamSpec& spec) {

@@ -49,6 +49,8 @@ class StrategyParams {
 
 // Integers separated by commas ("1,1,3"), each written as a plain number; nullopt otherwise.
 std::optional<std::vector<int>> parse_int_list(const std::string& text);
+// The text parse_int_list reads back: "1,1,3" (empty for an empty list).
+std::string format_int_list(const std::vector<int>& list);
 
 // Parses a parameter's text ("4", "0.3", "true", "1,1,3") against its spec; nullopt and *why
 // set when it is not a value of the parameter's type in its range (NaN and infinities never are).

@@ -247,11 +247,7 @@ StrategyInfo strategy_info_spec() {
     const size_t nodes = expansion_size(tree), budget = size_t(p.integer("tree_nodes"));
     size_t leaves = 1;
     for (int w : tree) leaves = std::min<size_t>(leaves * size_t(w), 1 << 20);
-    std::string shape;
-    for (int w : tree) {
-      if (!shape.empty()) shape += ',';
-      shape += std::to_string(w);
-    }
+    const std::string shape = format_int_list(tree);
     if (nodes > budget)
       throw ParamConflict("tree", "the tree " + shape + " has " + std::to_string(nodes) + " nodes, more than tree_nodes (" +
                                       std::to_string(budget) + ")");
