@@ -940,6 +940,29 @@ TEST_F(SyntheticModel, MergeWithoutASpaceIsAFormatError) {
   EXPECT_EQ(Model::load(path("bpe.gguf"))->tokenizer().vocab().merges.size(), 2u);
 }
 
+// Found reading the loader while fuzzing it (fuzz/gguf.cpp runs this file clean now): head
+// count and key length are each at most 2^24, but their product overflowed HParams::q_dim()'s
+// int (undefined behaviour) before any tensor shape was compared.
+TEST_F(SyntheticModel, HeadCountTimesKeyLengthMustFit) {
+  SyntheticSpec s = small_spec("llama");
+  write_synthetic_model(s, path("m.gguf"));
+  rewrite_gguf(path("m.gguf"), path("big.gguf"), [&](GgufWriter& w) {
+    w.set_u32("llama.attention.head_count", 65536);
+    w.set_u32("llama.attention.head_count_kv", 65536);
+    w.set_u32("llama.attention.key_length", 65536);
+    w.set_u32("llama.rope.dimension_count", 2);
+  });
+  expect_model_rejected(path("big.gguf"), {"attention.head_count x attention.key_length = 4294967296"});
+  // At the limit the product is fine, and the tensors' shapes decide.
+  rewrite_gguf(path("m.gguf"), path("big.gguf"), [&](GgufWriter& w) {
+    w.set_u32("llama.attention.head_count", 4096);
+    w.set_u32("llama.attention.head_count_kv", 4096);
+    w.set_u32("llama.attention.key_length", 4096);
+    w.set_u32("llama.rope.dimension_count", 2);
+  });
+  expect_model_rejected(path("big.gguf"), {"attn_q.weight"});
+}
+
 // ============================================================================ corrupted files
 
 namespace {
