@@ -1,6 +1,7 @@
 // GGUF reader on the real stories260K file, writer round trips, synthetic models, and the
 // reader's handling of corrupted files (always a FormatError naming the defect, never a crash).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -961,6 +962,32 @@ TEST_F(SyntheticModel, HeadCountTimesKeyLengthMustFit) {
     w.set_u32("llama.rope.dimension_count", 2);
   });
   expect_model_rejected(path("big.gguf"), {"attn_q.weight"});
+}
+
+// Found by fuzzing (fuzz/gguf.cpp): a 40 KB file with block_count 2^24 - 1 made the loader
+// allocate 4.7 GB of layers before it looked for their tensors. Checked in a child process
+// under an address-space limit, so a regression fails instead of eating the machine's memory.
+TEST_F(SyntheticModel, BlockCountWithoutTensorsIsRefusedBeforeAllocating) {
+  write_synthetic_model(small_spec("llama"), path("m.gguf"));
+  rewrite_gguf(path("m.gguf"), path("deep.gguf"), [](GgufWriter& w) { w.set_u32("llama.block_count", (1 << 24) - 1); });
+  const std::string deep = path("deep.gguf");
+  auto refused_within_limit = [&] {
+    long pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;
+    const rlim_t cap = rlim_t(pages) * 4096 + (rlim_t{256} << 20);
+    const rlimit lim{cap, cap};
+    setrlimit(RLIMIT_AS, &lim);
+    try {
+      Model::load(deep);
+    } catch (const FormatError& e) {
+      return std::string(e.what()).find("missing tensor 'blk.2.attn_norm.weight'") != std::string::npos ? 0 : 2;
+    } catch (...) {
+      return 3;  // std::bad_alloc: it tried
+    }
+    return 1;
+  };
+  // _exit: the forked child must not run static destructors.
+  EXPECT_EXIT(::_exit(refused_within_limit()), ::testing::ExitedWithCode(0), "");
 }
 
 // ============================================================================ corrupted files

@@ -117,10 +117,11 @@ void Model::load_gguf(MappedFile file) {
   output_norm = vec("output_norm.weight", E);
   output = f.tensor("output.weight") ? matrix("output.weight", E, V) : tok_embd;  // tied when absent
 
-  layers.resize(hp_.n_layer);
+  // Layer by layer: a block_count (up to 2^24) that the file has no tensors for fails at the
+  // first missing one, rather than after allocating that many layers.
   for (int i = 0; i < hp_.n_layer; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";
-    auto& l = layers[i];
+    auto& l = layers.emplace_back();
     l.attn_norm = vec(p + "attn_norm.weight", E);
     l.wq = matrix(p + "attn_q.weight", E, hp_.q_dim());
     l.wk = matrix(p + "attn_k.weight", E, hp_.kv_dim());
