@@ -1,6 +1,7 @@
 // GGUF reader on the real stories260K file, writer round trips, synthetic models, and the
 // reader's handling of corrupted files (always a FormatError naming the defect, never a crash).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -938,6 +939,55 @@ TEST_F(SyntheticModel, MergeWithoutASpaceIsAFormatError) {
     w.set_array_strings("tokenizer.ggml.merges", std::vector<std::string>{"a b", "i $c"});
   });
   EXPECT_EQ(Model::load(path("bpe.gguf"))->tokenizer().vocab().merges.size(), 2u);
+}
+
+// Found reading the loader while fuzzing it (fuzz/gguf.cpp runs this file clean now): head
+// count and key length are each at most 2^24, but their product overflowed HParams::q_dim()'s
+// int (undefined behaviour) before any tensor shape was compared.
+TEST_F(SyntheticModel, HeadCountTimesKeyLengthMustFit) {
+  SyntheticSpec s = small_spec("llama");
+  write_synthetic_model(s, path("m.gguf"));
+  rewrite_gguf(path("m.gguf"), path("big.gguf"), [&](GgufWriter& w) {
+    w.set_u32("llama.attention.head_count", 65536);
+    w.set_u32("llama.attention.head_count_kv", 65536);
+    w.set_u32("llama.attention.key_length", 65536);
+    w.set_u32("llama.rope.dimension_count", 2);
+  });
+  expect_model_rejected(path("big.gguf"), {"attention.head_count x attention.key_length = 4294967296"});
+  // At the limit the product is fine, and the tensors' shapes decide.
+  rewrite_gguf(path("m.gguf"), path("big.gguf"), [&](GgufWriter& w) {
+    w.set_u32("llama.attention.head_count", 4096);
+    w.set_u32("llama.attention.head_count_kv", 4096);
+    w.set_u32("llama.attention.key_length", 4096);
+    w.set_u32("llama.rope.dimension_count", 2);
+  });
+  expect_model_rejected(path("big.gguf"), {"attn_q.weight"});
+}
+
+// Found by fuzzing (fuzz/gguf.cpp): a 40 KB file with block_count 2^24 - 1 made the loader
+// allocate 4.7 GB of layers before it looked for their tensors. Checked in a child process
+// under an address-space limit, so a regression fails instead of eating the machine's memory.
+TEST_F(SyntheticModel, BlockCountWithoutTensorsIsRefusedBeforeAllocating) {
+  write_synthetic_model(small_spec("llama"), path("m.gguf"));
+  rewrite_gguf(path("m.gguf"), path("deep.gguf"), [](GgufWriter& w) { w.set_u32("llama.block_count", (1 << 24) - 1); });
+  const std::string deep = path("deep.gguf");
+  auto refused_within_limit = [&] {
+    long pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;
+    const rlim_t cap = rlim_t(pages) * 4096 + (rlim_t{256} << 20);
+    const rlimit lim{cap, cap};
+    setrlimit(RLIMIT_AS, &lim);
+    try {
+      Model::load(deep);
+    } catch (const FormatError& e) {
+      return std::string(e.what()).find("missing tensor 'blk.2.attn_norm.weight'") != std::string::npos ? 0 : 2;
+    } catch (...) {
+      return 3;  // std::bad_alloc: it tried
+    }
+    return 1;
+  };
+  // _exit: the forked child must not run static destructors.
+  EXPECT_EXIT(::_exit(refused_within_limit()), ::testing::ExitedWithCode(0), "");
 }
 
 // ============================================================================ corrupted files

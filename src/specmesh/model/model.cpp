@@ -69,6 +69,10 @@ void Model::load_gguf(MappedFile file) {
   hp_.rope_theta = static_cast<float>(f.get_float(arch + ".rope.freq_base").value_or(10000.0));
   hp_.rope = spec->rope;
   if (hp_.n_head % hp_.n_head_kv != 0) fail("head_count is not a multiple of head_count_kv");
+  // Each is at most 2^24, their product need not be: it must fit the int that q_dim() returns.
+  if (int64_t(hp_.n_head) * hp_.head_dim > (1 << 24))
+    fail("attention.head_count x attention.key_length = " + std::to_string(int64_t(hp_.n_head) * hp_.head_dim) +
+         " is larger than 2^24");
   if (hp_.n_rot > hp_.head_dim || hp_.n_rot % 2) fail("rope.dimension_count must be even and at most the head size");
 
   auto tensor = [&](const std::string& name, std::initializer_list<int64_t> shape, bool optional = false) -> const GgufTensorInfo* {
@@ -119,10 +123,11 @@ void Model::load_gguf(MappedFile file) {
   output_norm = vec("output_norm.weight", E);
   output = f.tensor("output.weight") ? matrix("output.weight", E, V) : tok_embd;  // tied when absent
 
-  layers.resize(hp_.n_layer);
+  // Layer by layer: a block_count (up to 2^24) that the file has no tensors for fails at the
+  // first missing one, rather than after allocating that many layers.
   for (int i = 0; i < hp_.n_layer; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";
-    auto& l = layers[i];
+    auto& l = layers.emplace_back();
     l.attn_norm = vec(p + "attn_norm.weight", E);
     l.wq = matrix(p + "attn_q.weight", E, hp_.q_dim());
     l.wk = matrix(p + "attn_k.weight", E, hp_.kv_dim());
