@@ -1,14 +1,20 @@
-// Writes the seed corpora of the fuzz targets, small inputs that reach deep into each format:
-//   fuzz_seeds SOURCE_DIR REFDATA_DIR OUT_DIR   (OUT_DIR/gguf, llama2c, messages, topology)
-// GGUF: tiny random-weight models of each architecture and weight type, some with a
-// vocabulary cut down from a reference vocabulary (SPM and byte-level BPE), a reader-only
-// file with every value type and the K-quant tensors, and stories260K.gguf's metadata without
-// its weights. llama2.c: tiny checkpoints (shared and separate classifier, grouped KV heads)
-// with the first tokens of tok512.bin. Messages: one envelope of every kind. Topologies: the
-// examples and a few files with the keys they do not use.
+// Writes the seed corpora of the fuzz targets, small inputs that reach deep into each format,
+// in two sets (OUT_DIR/gguf, llama2c, messages, topology):
+//
+//   fuzz_seeds own SOURCE_DIR OUT_DIR       made here from code alone: committed in fuzz/corpus
+//   fuzz_seeds refdata REFDATA_DIR OUT_DIR  cut from the reference data: written before each fuzz
+//                                           run (scripts/fuzz.sh), never committed
+//
+// Own: tiny random-weight GGUF models of each architecture and weight type, a reader-only GGUF
+// with every value type and the K-quant tensors, tiny llama2.c checkpoints (shared and separate
+// classifier, grouped KV heads) with a made-up tokenizer, one envelope of every message kind,
+// the example topologies and a few files with the keys they do not use.
+// Refdata: tiny models with a reference vocabulary cut down (SPM and byte-level BPE),
+// stories260K's GGUF metadata and llama2.c header without their weights, and tok512.bin.
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -81,12 +87,14 @@ SyntheticSpec tiny(std::string arch, DType type, int n_embd, int n_head, int n_h
   return s;
 }
 
-void gguf_seeds(const fs::path& refdata, const fs::path& out, const fs::path& tmp) {
-  auto model = [&](const std::string& name, const SyntheticSpec& s) {
-    const fs::path p = tmp / (name + ".gguf");
-    write_synthetic_model(s, p.string());
-    write_file(out / name, read_file(p));
-  };
+void write_model(const fs::path& out, const fs::path& tmp, const std::string& name, const SyntheticSpec& s) {
+  const fs::path p = tmp / (name + ".gguf");
+  write_synthetic_model(s, p.string());
+  write_file(out / name, read_file(p));
+}
+
+void gguf_seeds(const fs::path& out, const fs::path& tmp) {
+  auto model = [&](const std::string& name, const SyntheticSpec& s) { write_model(out, tmp, name, s); };
   SyntheticSpec s = tiny("llama", DType::F32, 8, 2, 1);
   s.tied_output = true;
   model("llama-f32-tied", s);
@@ -96,26 +104,6 @@ void gguf_seeds(const fs::path& refdata, const fs::path& out, const fs::path& tm
   s.head_dim = 32;
   model("qwen3-q4_0", s);
   model("llama-bf16", tiny("llama", DType::BF16, 8, 1, 1));
-
-  // Real vocabularies, cut down: SPM with scores and types, byte-level BPE with merges.
-  const struct {
-    const char* name;
-    const char* file;
-    const char* arch;
-  } vocabs[] = {
-      {"llama-spm-vocab", "gguf-vocab/ggml-vocab-llama-spm.gguf", "llama"},
-      {"gpt2-vocab", "gguf-vocab/ggml-vocab-gpt-2.gguf", "llama"},
-      {"qwen2-vocab", "qwen3-tokenizer/ggml-vocab-qwen3-helper.gguf", "qwen3"},
-      {"falcon-vocab", "gguf-vocab/ggml-vocab-falcon.gguf", "qwen2"},
-  };
-  for (const auto& v : vocabs) {
-    const fs::path cut = tmp / (std::string(v.name) + "-cut.gguf");
-    cut_vocab(refdata / v.file, cut, 400, 300);
-    SyntheticSpec m = tiny(v.arch, DType::F32, 8, 2, 1);
-    if (m.arch == "qwen3") m.head_dim = 4;
-    m.vocab_from = cut.string();
-    model(v.name, m);
-  }
 
   // Every metadata value type and the K-quant tensors (the reader only: no architecture).
   GgufWriter w;
@@ -147,6 +135,28 @@ void gguf_seeds(const fs::path& refdata, const fs::path& out, const fs::path& tm
   w.set_threads(1);
   w.write((tmp / "types.gguf").string());
   write_file(out / "value-and-tensor-types", read_file(tmp / "types.gguf"));
+}
+
+void gguf_refdata_seeds(const fs::path& refdata, const fs::path& out, const fs::path& tmp) {
+  // Real vocabularies, cut down: SPM with scores and types, byte-level BPE with merges.
+  const struct {
+    const char* name;
+    const char* file;
+    const char* arch;
+  } vocabs[] = {
+      {"llama-spm-vocab", "gguf-vocab/ggml-vocab-llama-spm.gguf", "llama"},
+      {"gpt2-vocab", "gguf-vocab/ggml-vocab-gpt-2.gguf", "llama"},
+      {"qwen2-vocab", "qwen3-tokenizer/ggml-vocab-qwen3-helper.gguf", "qwen3"},
+      {"falcon-vocab", "gguf-vocab/ggml-vocab-falcon.gguf", "qwen2"},
+  };
+  for (const auto& v : vocabs) {
+    const fs::path cut = tmp / (std::string(v.name) + "-cut.gguf");
+    cut_vocab(refdata / v.file, cut, 400, 300);
+    SyntheticSpec m = tiny(v.arch, DType::F32, 8, 2, 1);
+    if (m.arch == "qwen3") m.head_dim = 4;
+    m.vocab_from = cut.string();
+    write_model(out, tmp, v.name, m);
+  }
 
   // A real model's metadata and tensor table, without the weights.
   const Bytes stories = read_file(refdata / "gguf-models/stories260K.gguf");
@@ -186,11 +196,39 @@ Bytes checkpoint(int dim, int hidden, int n_layers, int n_heads, int n_kv, int v
   return out;
 }
 
-void llama2c_seeds(const fs::path& refdata, const fs::path& out) {
-  const Bytes tok = read_file(refdata / "llama2c/tok512.bin");
+// A llama2.c tokenizer file of n_vocab made-up tokens in tok512.bin's layout: <unk>, <s>, </s>,
+// the 256 byte tokens, then two-letter pieces (every other one word-initial) with falling scores.
+Bytes made_up_tokenizer(int n_vocab) {
+  Bytes tok;
+  append(tok, int32_t(8));  // max_token_length
+  for (int i = 0; i < n_vocab; ++i) {
+    std::string text;
+    if (i < 3) {
+      text = i == 0 ? "<unk>" : i == 1 ? "<s>" : "</s>";
+    } else if (i < 259) {
+      char byte[8];
+      std::snprintf(byte, sizeof byte, "<0x%02X>", i - 3);
+      text = byte;
+    } else {
+      text = std::string(i % 2 ? "\xe2\x96\x81" : "") + char('a' + i % 26) + char('a' + i / 26 % 26);
+    }
+    append(tok, i < 259 ? 0.0f : -float(i));
+    append(tok, int32_t(text.size()));
+    tok.insert(tok.end(), text.begin(), text.end());
+  }
+  return tok;
+}
+
+void llama2c_seeds(const fs::path& out) {
+  const Bytes tok = made_up_tokenizer(300);
   write_file(out / "shared-classifier", checkpoint(8, 16, 1, 2, 2, 300, true, 8, tok));
   write_file(out / "separate-classifier", checkpoint(8, 12, 2, 2, 1, 280, false, 4, tok));
   write_file(out / "one-head", checkpoint(4, 4, 1, 1, 1, 260, true, 2, tok));
+}
+
+void llama2c_refdata_seeds(const fs::path& refdata, const fs::path& out) {
+  const Bytes tok = read_file(refdata / "llama2c/tok512.bin");
+  write_file(out / "tok512-checkpoint", checkpoint(8, 16, 1, 2, 2, 512, true, 8, tok));
   // stories260K.bin's header (its weights cut off) with the whole tok512.bin.
   Bytes header;
   const Bytes stories = read_file(refdata / "llama2c/stories260K.bin");
@@ -381,22 +419,30 @@ void topology_seeds(const fs::path& source, const fs::path& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::cerr << "usage: fuzz_seeds SOURCE_DIR REFDATA_DIR OUT_DIR\n";
+  const std::string set = argc == 4 ? argv[1] : "";
+  if (set != "own" && set != "refdata") {
+    std::cerr << "usage: fuzz_seeds own SOURCE_DIR OUT_DIR | fuzz_seeds refdata REFDATA_DIR OUT_DIR\n";
     return 2;
   }
-  const fs::path source = argv[1], refdata = argv[2], out = argv[3];
+  const fs::path in = argv[2], out = argv[3];
   const fs::path tmp = fs::temp_directory_path() / ("specmesh-fuzz-seeds-" + std::to_string(::getpid()));
   try {
-    for (const char* d : {"gguf", "llama2c", "messages", "topology"}) {
+    const std::vector<std::string> dirs =
+        set == "own" ? std::vector<std::string>{"gguf", "llama2c", "messages", "topology"} : std::vector<std::string>{"gguf", "llama2c"};
+    for (const std::string& d : dirs) {
       fs::remove_all(out / d);
       fs::create_directories(out / d);
     }
     fs::create_directories(tmp);
-    gguf_seeds(refdata, out / "gguf", tmp);
-    llama2c_seeds(refdata, out / "llama2c");
-    message_seeds(out / "messages");
-    topology_seeds(source, out / "topology");
+    if (set == "own") {
+      gguf_seeds(out / "gguf", tmp);
+      llama2c_seeds(out / "llama2c");
+      message_seeds(out / "messages");
+      topology_seeds(in, out / "topology");
+    } else {
+      gguf_refdata_seeds(in, out / "gguf", tmp);
+      llama2c_refdata_seeds(in, out / "llama2c");
+    }
     fs::remove_all(tmp);
   } catch (const std::exception& e) {
     fs::remove_all(tmp);

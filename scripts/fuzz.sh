@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Fuzzes the input formats: builds the libFuzzer targets in fuzz/ with clang, the address and
 # undefined-behaviour sanitizers (both halting) into build-fuzz/, then runs each target in turn
-# for SECONDS (default 60) from its seed corpus fuzz/corpus/<target>/ plus what earlier runs
-# found (build-fuzz/corpus/<target>/).
+# for SECONDS (default 60) from its seed corpus fuzz/corpus/<target>/ (made from code alone),
+# the seeds cut from the reference data (../shared/refdata or $SPECMESH_REFDATA, written to
+# build-fuzz/seeds/<target>/ before the run, never committed) and what earlier runs found
+# (build-fuzz/corpus/<target>/).
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]    targets: gguf llama2c messages topology (default: all)
 #   scripts/fuzz.sh --toolchain              only install clang and libFuzzer if missing; fails
 #                                            when they cannot be had
-#   scripts/fuzz.sh --seeds                  rewrite fuzz/corpus/ from the reference data
+#   scripts/fuzz.sh --seeds                  rewrite fuzz/corpus/ (the committed seeds)
 #
 # Fails when a target finds a crash, a sanitizer error, a leak, a hang or a broken property; the
 # input is saved as build-fuzz/crashes/<target>/crash-* (reproduce: build-fuzz/fuzz_<target> FILE).
@@ -45,9 +47,8 @@ case "${1:-}" in
     exit
     ;;
   --seeds)
-    refdata="${SPECMESH_REFDATA:-../shared/refdata}"
     build fuzz_seeds
-    build-fuzz/fuzz/fuzz_seeds . "$refdata" fuzz/corpus
+    build-fuzz/fuzz/fuzz_seeds own . fuzz/corpus
     du -sh fuzz/corpus/*
     exit
     ;;
@@ -57,7 +58,14 @@ seconds="${1:-60}"
 [ $# -gt 0 ] && shift
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${all_targets[@]}")
-build "${targets[@]/#/fuzz_}"
+build "${targets[@]/#/fuzz_}" fuzz_seeds
+
+refdata="${SPECMESH_REFDATA:-../shared/refdata}"
+if [ -f "$refdata/llama2c/tok512.bin" ]; then
+  build-fuzz/fuzz/fuzz_seeds refdata "$refdata" build-fuzz/seeds
+else
+  echo "fuzz.sh: no reference data at $refdata (or SPECMESH_REFDATA): fuzzing from the committed seeds only" >&2
+fi
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
@@ -68,7 +76,9 @@ for t in "${targets[@]}"; do
   [ -f "fuzz/$t.dict" ] && dict=("-dict=fuzz/$t.dict")
   echo "== fuzz_$t: ${seconds}s"
   # One process at a time: -jobs/-workers stay at 1.
-  if "build-fuzz/fuzz/fuzz_$t" "build-fuzz/corpus/$t" "fuzz/corpus/$t" "${dict[@]}" \
+  seeds=()
+  [ -d "build-fuzz/seeds/$t" ] && seeds=("build-fuzz/seeds/$t")
+  if "build-fuzz/fuzz/fuzz_$t" "build-fuzz/corpus/$t" "fuzz/corpus/$t" "${seeds[@]}" "${dict[@]}" \
       -max_total_time="$seconds" -timeout=25 -rss_limit_mb=2048 -print_final_stats=1 \
       -artifact_prefix="build-fuzz/crashes/$t/" 2>"build-fuzz/fuzz_$t.log"; then
     grep -E '^Done|^stat::(average_exec_per_sec|new_units_added)' "build-fuzz/fuzz_$t.log" || true
