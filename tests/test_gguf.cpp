@@ -1,7 +1,6 @@
 // GGUF reader on the real stories260K file, writer round trips, synthetic models, and the
 // reader's handling of corrupted files (always a FormatError naming the defect, never a crash).
 #include <gtest/gtest.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +23,7 @@
 #include "specmesh/model/synthetic.hpp"
 #include "refdata.hpp"
 #include "specmesh/tokenizer/tokenizer.hpp"
+#include "memory_limit.hpp"
 
 using namespace specmesh;
 using specmesh::test::refdata;
@@ -972,11 +972,7 @@ TEST_F(SyntheticModel, BlockCountWithoutTensorsIsRefusedBeforeAllocating) {
   rewrite_gguf(path("m.gguf"), path("deep.gguf"), [](GgufWriter& w) { w.set_u32("llama.block_count", (1 << 24) - 1); });
   const std::string deep = path("deep.gguf");
   auto refused_within_limit = [&] {
-    long pages = 0;
-    std::ifstream("/proc/self/statm") >> pages;
-    const rlim_t cap = rlim_t(pages) * 4096 + (rlim_t{256} << 20);
-    const rlimit lim{cap, cap};
-    setrlimit(RLIMIT_AS, &lim);
+    test::cap_address_space();
     try {
       Model::load(deep);
     } catch (const FormatError& e) {

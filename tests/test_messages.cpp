@@ -6,12 +6,13 @@
 #include <gtest/gtest.h>
 #include <msgpack.hpp>
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <fstream>
 #include <random>
+
+#include "memory_limit.hpp"
 
 namespace specmesh {
 namespace {
@@ -435,11 +436,7 @@ TEST(Messages, SavedTimeIsAFiniteNonNegativeNumber) {
 // returns how many inputs were not rejected as truncated (an allocation failure would show up
 // as malformed instead).
 int count_misjudged_under_memory_limit(const std::vector<std::string>& hostile) {
-  long pages = 0;
-  std::ifstream("/proc/self/statm") >> pages;
-  rlim_t cap = rlim_t(pages) * 4096 + (rlim_t{256} << 20);
-  rlimit lim{cap, cap};
-  setrlimit(RLIMIT_AS, &lim);
+  test::cap_address_space();
   int bad = 0;
   for (const auto& h : hostile)
     if (decode_bytes(h).error != DecodeError::truncated) ++bad;

@@ -1,7 +1,6 @@
 // Tokenizers against llama.cpp's test vectors, llama2.c's prompt ids, and expected ids made
 // independently with Hugging Face tokenizers (tests/data/README.md says how).
 #include <gtest/gtest.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -17,6 +16,7 @@
 #include "specmesh/formats/mapped_file.hpp"
 #include "refdata.hpp"
 #include "specmesh/tokenizer/tokenizer.hpp"
+#include "memory_limit.hpp"
 
 using namespace specmesh;
 using specmesh::test::refdata;
@@ -219,11 +219,7 @@ TEST(TokenizerLlama2c, HostileTokenLengthIsRefusedBeforeAllocating) {
   const MappedFile file = MappedFile::copy_of(
       {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}, "hostile-tok.bin");
   auto refused_within_limit = [&] {
-    long pages = 0;
-    std::ifstream("/proc/self/statm") >> pages;
-    const rlim_t cap = rlim_t(pages) * 4096 + (rlim_t{256} << 20);
-    const rlimit lim{cap, cap};
-    setrlimit(RLIMIT_AS, &lim);
+    test::cap_address_space();
     try {
       vocab_from_llama2c(file, 3);
     } catch (const FormatError& e) {

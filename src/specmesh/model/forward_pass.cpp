@@ -61,24 +61,21 @@ void ForwardPass::pre_attention(int il) {
   const int D = hp.head_dim;
   ThreadPool& pool = ctx_.pool();
 
-  std::vector<float>& h = h_;
-  std::vector<float>& k = k_;
-  std::vector<float>& v = v_;
-  h.resize(n * E);
-  k.resize(n * KV);
-  v.resize(n * KV);
+  h_.resize(n * E);
+  k_.resize(n * KV);
+  v_.resize(n * KV);
   q_.resize(n * Q);
-  for (size_t i = 0; i < n; ++i) rmsnorm(x_.data() + i * E, w.attn_norm, h.data() + i * E, E, hp.rms_eps);
-  matmul(w.wq, h.data(), n, q_.data(), pool);
-  matmul(w.wk, h.data(), n, k.data(), pool);
-  matmul(w.wv, h.data(), n, v.data(), pool);
+  for (size_t i = 0; i < n; ++i) rmsnorm(x_.data() + i * E, w.attn_norm, h_.data() + i * E, E, hp.rms_eps);
+  matmul(w.wq, h_.data(), n, q_.data(), pool);
+  matmul(w.wk, h_.data(), n, k_.data(), pool);
+  matmul(w.wv, h_.data(), n, v_.data(), pool);
 
   float* kc = ctx_.kv().k(il);
   float* vc = ctx_.kv().v(il);
   for (size_t i = 0; i < n; ++i) {
     float* qi = q_.data() + i * Q;
-    float* ki = k.data() + i * KV;
-    float* vi = v.data() + i * KV;
+    float* ki = k_.data() + i * KV;
+    float* vi = v_.data() + i * KV;
     arch.shape_qkv(hp, w, qi, ki, vi);
     rope(qi, hp.n_head, D, hp.n_rot, batch_.pos[i], hp.rope_theta, hp.rope);
     rope(ki, hp.n_head_kv, D, hp.n_rot, batch_.pos[i], hp.rope_theta, hp.rope);
@@ -146,23 +143,19 @@ void ForwardPass::post_attention(int il, const float* att) {
   ThreadPool& pool = ctx_.pool();
   float* x = x_.data();
 
-  std::vector<float>& h = h_;
-  std::vector<float>& proj = proj_;
-  std::vector<float>& gate = gate_;
-  std::vector<float>& up = up_;
-  h.resize(n * E);
-  proj.resize(n * E);
-  gate.resize(n * F);
-  up.resize(n * F);
-  matmul(w.wo, att, n, proj.data(), pool);
-  for (size_t i = 0; i < n * E; ++i) x[i] += proj[i];
+  h_.resize(n * E);
+  proj_.resize(n * E);
+  gate_.resize(n * F);
+  up_.resize(n * F);
+  matmul(w.wo, att, n, proj_.data(), pool);
+  for (size_t i = 0; i < n * E; ++i) x[i] += proj_[i];
 
-  for (size_t i = 0; i < n; ++i) rmsnorm(x + i * E, w.ffn_norm, h.data() + i * E, E, hp.rms_eps);
-  matmul(w.w_gate, h.data(), n, gate.data(), pool);
-  matmul(w.w_up, h.data(), n, up.data(), pool);
-  swiglu(gate.data(), up.data(), n * F);
-  matmul(w.w_down, gate.data(), n, proj.data(), pool);
-  for (size_t i = 0; i < n * E; ++i) x[i] += proj[i];
+  for (size_t i = 0; i < n; ++i) rmsnorm(x + i * E, w.ffn_norm, h_.data() + i * E, E, hp.rms_eps);
+  matmul(w.w_gate, h_.data(), n, gate_.data(), pool);
+  matmul(w.w_up, h_.data(), n, up_.data(), pool);
+  swiglu(gate_.data(), up_.data(), n * F);
+  matmul(w.w_down, gate_.data(), n, proj_.data(), pool);
+  for (size_t i = 0; i < n * E; ++i) x[i] += proj_[i];
 }
 
 void ForwardPass::read_kv(int il, size_t i, float* k, float* v) const {

@@ -1,6 +1,6 @@
 #include "specmesh/runtime/port_base.hpp"
 
-#include <random>
+#include <algorithm>
 #include <stdexcept>
 
 #include "specmesh/transport/endpoint.hpp"
