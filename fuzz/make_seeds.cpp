@@ -197,7 +197,8 @@ Bytes checkpoint(int dim, int hidden, int n_layers, int n_heads, int n_kv, int v
 }
 
 // A llama2.c tokenizer file of n_vocab made-up tokens in tok512.bin's layout: <unk>, <s>, </s>,
-// the 256 byte tokens, then two-letter pieces (every other one word-initial) with falling scores.
+// the 256 byte tokens (scored below every piece), then two-letter pieces (every other one
+// word-initial) with falling scores.
 Bytes made_up_tokenizer(int n_vocab) {
   Bytes tok;
   append(tok, int32_t(8));  // max_token_length
@@ -212,7 +213,7 @@ Bytes made_up_tokenizer(int n_vocab) {
     } else {
       text = std::string(i % 2 ? "\xe2\x96\x81" : "") + char('a' + i % 26) + char('a' + i / 26 % 26);
     }
-    append(tok, i < 259 ? 0.0f : -float(i));
+    append(tok, i < 259 ? -1000.0f : -float(i));
     append(tok, int32_t(text.size()));
     tok.insert(tok.end(), text.begin(), text.end());
   }

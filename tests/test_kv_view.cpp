@@ -90,8 +90,8 @@ struct Probe {
   std::vector<int32_t> prompt;
   Probe() {
     prompt = m->tokenizer().encode(
-        "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her "
-        "friends. One day, she saw a big red ball under a tree and ran to get it.",
+        "A small cat sat by the window every morning. It watched the birds, the rain and the old man next door "
+        "who fed the ducks. One day the cat jumped down and followed him to the pond.",
         true);
   }
   void prefill(Context& c) const {

@@ -387,12 +387,20 @@ TEST(TokenizerBpe, BosDefaults) {
 // --- pre-tokenizer splits
 
 // Llama 3 has no vocabulary here; its split is checked against HF tokenizers' own split with
-// the regex from Llama 3's tokenizer.json (tests/data/llama-bpe.splits.json).
+// the regex from Llama 3's tokenizer.json (tests/data/llama-bpe.splits.json): the splits of
+// llama.cpp's 46 inputs, read from the reference data, then 4 inputs of our own with their text.
 TEST(TokenizerPreTokenize, Llama3MatchesHfSplit) {
+  SPECMESH_REQUIRE_REFDATA();
+  const auto inputs = read_inputs();
   const auto j = nlohmann::json::parse(read_file(data_path("llama-bpe.splits.json")));
+  ASSERT_EQ(inputs.size(), 46u);
   ASSERT_EQ(j.size(), 50u);
-  for (const auto& c : j) {
-    const std::string text = c["text"];
+  for (size_t i = 0; i < j.size(); ++i) {
+    const auto& c = j[i];
+    const std::string text = i < inputs.size() ? inputs[i] : c["text"].get<std::string>();
+    std::string joined;
+    for (const std::string& piece : c["split"]) joined += piece;
+    ASSERT_EQ(joined, text) << "split " << i << " is not of its input";
     EXPECT_EQ(pre_tokenize(text, "llama-bpe"), c["split"].get<std::vector<std::string>>()) << "'" << escape(text) << "'";
   }
 }
