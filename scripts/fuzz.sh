@@ -74,6 +74,13 @@ for t in "${targets[@]}"; do
   mkdir -p "build-fuzz/corpus/$t" "build-fuzz/crashes/$t"
   dict=()
   [ -f "fuzz/$t.dict" ] && dict=("-dict=fuzz/$t.dict")
+  # What earlier runs found grows with every run: past 1000 inputs it is cut down to a subset
+  # with the same coverage (libFuzzer's merge), so loading it never eats the time budget.
+  if [ "$(find "build-fuzz/corpus/$t" -type f | wc -l)" -gt 1000 ]; then
+    rm -rf "build-fuzz/corpus/$t.min" && mkdir "build-fuzz/corpus/$t.min"
+    "build-fuzz/fuzz/fuzz_$t" -merge=1 "build-fuzz/corpus/$t.min" "build-fuzz/corpus/$t" 2>"build-fuzz/fuzz_$t.merge.log"
+    rm -rf "build-fuzz/corpus/$t" && mv "build-fuzz/corpus/$t.min" "build-fuzz/corpus/$t"
+  fi
   echo "== fuzz_$t: ${seconds}s"
   # One process at a time: -jobs/-workers stay at 1.
   seeds=()

@@ -205,10 +205,10 @@ TEST(TokenizerLlama2c, TruncatedFileIsAFormatError) {
   std::filesystem::remove(path);
 }
 
-// Found by fuzzing (fuzz/llama2c.cpp): a 20-byte tokenizer file whose token claims a length
-// near max_token_length (here 2^30) made the loader allocate that much before finding the file
-// too short. Checked in a child process under an address-space limit, so a regression fails
-// instead of eating the machine's memory.
+// Found by fuzzing (fuzz/llama2c.cpp): a 2.5 KB tokenizer file with max_token_length near 1 GiB
+// and a token claiming that length made the loader allocate it before finding the file too
+// short. Here: 17 bytes and 2^30. Checked in a child process under an address-space limit, so a
+// regression fails instead of eating the machine's memory.
 TEST(TokenizerLlama2c, HostileTokenLengthIsRefusedBeforeAllocating) {
   auto put = [](std::string& b, auto v) { b.append(reinterpret_cast<const char*>(&v), sizeof v); };
   std::string bytes;
