@@ -7,6 +7,7 @@
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
+#include <spdlog/spdlog.h>
 
 #include "specmesh/actors/head_host.hpp"
 
@@ -19,8 +20,14 @@ struct HeadState {
   std::deque<SessionPtr> queue;
   std::unique_ptr<HeadHost> host;
   std::unique_ptr<Strategy> strategy;
-  uint64_t next_run = 1;
+  RunIds run_ids;
+  bool ticking = false;  // a deadline check is scheduled
+  uint64_t refused = 0;  // messages from nodes that may not send them
+  std::chrono::steady_clock::time_point refusal_logged{};
 };
+
+using deadline_atom = caf::atom_constant<caf::atom("deadline")>;
+constexpr std::chrono::milliseconds kDeadlineCheck{100};
 
 std::string stopped_answering(const std::string& node) {
   return "node '" + node + "' stopped answering (process gone or frozen)";
@@ -46,7 +53,7 @@ void settle(HeadState& st) {
     SessionPtr s = std::move(st.queue.front());
     st.queue.pop_front();
     try {
-      st.host = std::make_unique<HeadHost>(st.cfg, s, st.next_run);
+      st.host = std::make_unique<HeadHost>(st.cfg, s, st.run_ids);
       // Its runs would wait in queues for a node that is gone or frozen: refuse now.
       if (const std::string down = node_down(st.cfg); !down.empty())
         throw std::runtime_error(stopped_answering(down) + "; request not started");
@@ -76,6 +83,65 @@ void on_error(HeadState& st, const Error& e) {
   else if (ours) st.host->finish(stopped_answering(e.peer) + "; generation aborted");
 }
 
+bool in_pipelines(const HeadConfig& cfg, const std::string& node) {
+  for (const auto& [role, p] : cfg.pipelines)
+    if (std::find(p.nodes.begin(), p.nodes.end(), node) != p.nodes.end()) return true;
+  return false;
+}
+
+// Whether `from` may send a run's result for `pipeline`: the node of its last stage, or for a
+// pair either group's node (the pair decides per token which group answers).
+bool ends_pipeline(const HeadConfig& cfg, const std::string& from, const std::string& pipeline) {
+  auto ends = [&](const std::string& role) {
+    auto it = cfg.pipelines.find(role);
+    return it != cfg.pipelines.end() && !it->second.nodes.empty() && it->second.nodes.back() == from;
+  };
+  if (ends(pipeline)) return true;
+  const std::string& pair = cfg.strategy ? cfg.strategy->pair_role : std::string();
+  return !pair.empty() && (pipeline == kTargetRole || pipeline == pair) && (ends(kTargetRole) || ends(pair));
+}
+
+// A node of the topology sent something its role does not allow (a forged result, an error
+// from a node outside the pipelines): it is dropped, and logged at most once a second.
+bool allowed(HeadState& st, const std::string& from, const Envelope& env) {
+  bool ok = true;
+  if (const auto* l = std::get_if<Logits>(&env.payload)) ok = ends_pipeline(st.cfg, from, l->pipeline);
+  else if (const auto* a = std::get_if<AttentionSync>(&env.payload)) ok = ends_pipeline(st.cfg, from, a->pipeline);
+  else if (std::holds_alternative<HiddenStates>(env.payload) || std::holds_alternative<Error>(env.payload))
+    ok = in_pipelines(st.cfg, from);
+  if (ok) return true;
+  ++st.refused;
+  if (const auto now = std::chrono::steady_clock::now(); now - st.refusal_logged > std::chrono::seconds(1)) {
+    st.refusal_logged = now;
+    spdlog::warn("head: refused {} of run {} from node '{}', which may not send it ({} refused so far)",
+                 to_string(env.type()), env.run_id, from, st.refused);
+  }
+  return false;
+}
+
+// Ends the session when one of its runs is past its deadline; keeps checking while one runs.
+void check_deadlines(HeadState& st) {
+  if (!st.host || st.host->done()) return;
+  if (auto late = st.host->deadlines().overdue()) {
+    const PipelineRef& p = st.cfg.pipelines.at(late->role);
+    std::string nodes;
+    for (const std::string& n : p.nodes) nodes += (nodes.empty() ? "" : ", ") + n;
+    st.host->finish("run on pipeline '" + late->role + "' (nodes " + nodes + ") got no answer within " +
+                    std::to_string(int64_t(late->budget_ms)) + " ms; generation aborted");
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Schedules the next deadline check while a session runs.
+void arm(caf::stateful_actor<HeadState>* self) {
+  if (self->state.ticking || !self->state.host) return;
+  self->state.ticking = true;
+  self->delayed_send(self, kDeadlineCheck, deadline_atom::value);
+}
+
 }  // namespace
 
 caf::actor spawn_head(caf::actor_system& sys, HeadConfig cfg) {
@@ -85,12 +151,22 @@ caf::actor spawn_head(caf::actor_system& sys, HeadConfig cfg) {
         [self](generate_atom, const SessionPtr& s) {
           self->state.queue.push_back(s);
           settle(self->state);
+          arm(self);
+        },
+        [self](deadline_atom) {
+          self->state.ticking = false;
+          check_deadlines(self->state);
+          settle(self->state);
+          arm(self);
         },
         [self](const std::string& from, const Envelope& env) {
           auto& st = self->state;
-          if (!st.host) return;
+          if (!st.host || !allowed(st, from, env)) return;
           try {
-            if (const auto* l = std::get_if<Logits>(&env.payload)) st.strategy->on_logits(env.run_id, *l);
+            if (const auto* l = std::get_if<Logits>(&env.payload)) {
+              st.host->deadlines().settled(env.run_id);
+              st.strategy->on_logits(env.run_id, *l);
+            }
             else if (const auto* h = std::get_if<HiddenStates>(&env.payload)) st.strategy->on_hidden_states(env.run_id, *h);
             else if (const auto* a = std::get_if<AttentionSync>(&env.payload)) st.strategy->on_attention_report(env.run_id, *a);
             else if (const auto* e = std::get_if<Error>(&env.payload)) on_error(st, *e);
@@ -98,6 +174,7 @@ caf::actor spawn_head(caf::actor_system& sys, HeadConfig cfg) {
             st.host->finish(ex.what());
           }
           settle(st);
+          arm(self);
         },
     };
   });

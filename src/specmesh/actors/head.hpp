@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <future>
 #include <map>
 #include <memory>
@@ -15,6 +16,7 @@
 #include <caf/atom.hpp>
 
 #include "specmesh/generation.hpp"
+#include "specmesh/actors/run_deadlines.hpp"
 #include "specmesh/model/model.hpp"
 #include "specmesh/speculation/registry.hpp"
 #include "specmesh/transport/router.hpp"
@@ -43,6 +45,7 @@ struct PipelineRef {
   std::shared_ptr<const Model> model;
   std::string first_node;               // node of the first stage
   std::vector<std::string> nodes;       // every node with a stage of it (cancels go to all)
+  PipelinePrice price;                  // what a run costs on it, for run deadlines
 };
 
 struct HeadConfig {
@@ -54,12 +57,20 @@ struct HeadConfig {
   int n_predict = 128;
   int n_batch = 256;
   std::string metrics_csv;      // append a row per generation when set
+  // How long a run may take before it is called lost (see actors/run_deadlines.hpp).
+  std::chrono::milliseconds run_deadline_floor{2000};
+  double run_deadline_factor = 4;
 
   const PipelineRef& target() const { return pipelines.at(kTargetRole); }
 };
 
 // Messages: (generate_atom, SessionPtr) from clients; (from, Envelope) from the gateway
 // carrying Logits, HiddenStates, AttentionSync reports or Error.
+//
+// Who may say what: logits and attention reports only from the node that ends their
+// pipeline (for a pair, either of its groups), hidden states and errors only from nodes of
+// the pipelines; anything else is dropped and logged. Run ids are random (actors/run_ids.hpp)
+// and every run has a deadline; a run past it ends the generation with the tokens so far.
 caf::actor spawn_head(caf::actor_system& sys, HeadConfig cfg);
 
 }  // namespace specmesh

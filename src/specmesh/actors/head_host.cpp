@@ -7,11 +7,22 @@
 
 namespace specmesh {
 
-HeadHost::HeadHost(const HeadConfig& cfg, SessionPtr session, uint64_t& next_run)
+namespace {
+
+std::map<std::string, PipelinePrice> prices(const HeadConfig& cfg) {
+  std::map<std::string, PipelinePrice> out;
+  for (const auto& [role, p] : cfg.pipelines) out[role] = p.price;
+  return out;
+}
+
+}  // namespace
+
+HeadHost::HeadHost(const HeadConfig& cfg, SessionPtr session, RunIds& ids)
     : cfg_(cfg),
       stream_(session, *cfg.target().model, cfg.n_predict, cfg.metrics_csv),
       sampler_(session->request.sampling.value_or(cfg.sampling)),
-      next_run_(next_run) {
+      ids_(ids),
+      deadlines_(prices(cfg), cfg.run_deadline_floor, cfg.run_deadline_factor) {
   SpecMetrics& m = stream_.metrics();
   m.strategy = cfg.strategy->name;
   m.target = cfg.target().model_name;
@@ -29,9 +40,10 @@ bool HeadHost::has_role(const std::string& role) const { return cfg_.pipelines.c
 
 uint64_t HeadHost::launch(const std::string& role, const Batch& batch, bool speculative) {
   const PipelineRef& p = pipeline(role);
-  const uint64_t run = next_run_++;
+  const uint64_t run = ids_.next();
   if (!cfg_.router->send(p.first_node, make_envelope(run, to_run_start(p.role, batch, speculative))))
     throw std::runtime_error("node '" + p.first_node + "' of pipeline '" + p.role + "' is not reachable");
+  deadlines_.launched(run, role, int(batch.size()));
   if (role == kTargetRole) ++metrics().runs_launched;
   return run;
 }
@@ -55,6 +67,7 @@ void HeadHost::cancel(const std::string& role, const std::vector<uint64_t>& runs
     sent.push_back(n);
     cfg_.router->send(n, make_envelope(0, Cancel{runs}));
   }
+  for (uint64_t r : runs) deadlines_.settled(r);
   if (role == kTargetRole) metrics().runs_cancelled += runs.size();
 }
 

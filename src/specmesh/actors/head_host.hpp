@@ -5,15 +5,15 @@
 #include <memory>
 
 #include "specmesh/actors/head.hpp"
+#include "specmesh/actors/run_ids.hpp"
 #include "specmesh/actors/token_stream.hpp"
 
 namespace specmesh {
 
 class HeadHost final : public StrategyHost {
  public:
-  // Run ids come from `next_run`, shared by all sessions of a head: stages remember
-  // cancelled ids, so an id must never be reused.
-  HeadHost(const HeadConfig& cfg, SessionPtr session, uint64_t& next_run);
+  // Run ids come from `ids`, shared by all sessions of a head.
+  HeadHost(const HeadConfig& cfg, SessionPtr session, RunIds& ids);
 
   uint64_t launch(const std::string& role, const Batch& batch, bool speculative) override;
   void kv_ops(const std::string& role, std::vector<KvOp> ops) override;
@@ -31,6 +31,8 @@ class HeadHost final : public StrategyHost {
   const StrategyParams& params() const override { return cfg_.params; }
 
   const HeadConfig& cfg() const { return cfg_; }
+  // Runs launched and not yet answered or cancelled, with their deadlines.
+  RunDeadlines& deadlines() { return deadlines_; }
 
  private:
   const PipelineRef& pipeline(const std::string& role) const;
@@ -38,7 +40,8 @@ class HeadHost final : public StrategyHost {
   const HeadConfig& cfg_;
   TokenStream stream_;
   Sampler sampler_;
-  uint64_t& next_run_;
+  RunIds& ids_;
+  RunDeadlines deadlines_;
 };
 
 }  // namespace specmesh

@@ -51,19 +51,19 @@ void Context::set_view(int seq, std::shared_ptr<const KvView> view) {
   views_[seq] = std::move(view);
 }
 
-WorkCost Context::cost(const Batch& batch) const {
-  const HParams& hp = model_.hparams();
+WorkCost forward_cost(const Model& model, int layer_begin, int layer_end, int tokens, int64_t context, int outputs) {
+  const HParams& hp = model.hparams();
   auto bytes = [](const WeightView& w) { return double(row_bytes(w.type, w.cols)) * w.rows; };
   auto params = [](const WeightView& w) { return double(w.rows) * w.cols; };
   WorkCost c;
-  c.tokens = int(batch.size());
-  c.layers = end_ - begin_;
-  const double n = double(batch.size());
-  const double ctx = double(kv_.used()) + n;  // keys each query reads, at most
-  c.context = int64_t(ctx);
-  c.head = has_head();
-  for (int il = begin_; il < end_; ++il) {
-    const LayerWeights& w = model_.layers[il];
+  c.tokens = tokens;
+  c.layers = layer_end - layer_begin;
+  const double n = double(tokens);
+  const double ctx = double(context);
+  c.context = context;
+  c.head = layer_end == hp.n_layer;
+  for (int il = layer_begin; il < layer_end; ++il) {
+    const LayerWeights& w = model.layers[il];
     for (const WeightView* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
       c.bytes += bytes(*m);
       c.flops += 2 * params(*m) * n;
@@ -72,14 +72,19 @@ WorkCost Context::cost(const Batch& batch) const {
     c.flops += 4.0 * n * ctx * hp.q_dim();
     c.ops += 12;  // 7 matmuls, 2 norms, rope, attention, swiglu
   }
-  if (has_head()) {
-    size_t outputs = 0;
-    for (uint8_t l : batch.logits) outputs += l;
-    c.bytes += bytes(model_.output);
-    c.flops += 2 * params(model_.output) * outputs;
+  if (c.head) {
+    c.bytes += bytes(model.output);
+    c.flops += 2 * params(model.output) * outputs;
     c.ops += 2;
   }
   return c;
+}
+
+WorkCost Context::cost(const Batch& batch) const {
+  int outputs = 0;
+  for (uint8_t l : batch.logits) outputs += l;
+  // Keys each query reads, at most.
+  return forward_cost(model_, begin_, end_, int(batch.size()), int64_t(kv_.used()) + int64_t(batch.size()), outputs);
 }
 
 }  // namespace specmesh

@@ -22,6 +22,12 @@ namespace specmesh {
 // capped at 4096.
 int context_size(const Model& model, int n_ctx);
 
+// The work a forward pass does over layers [layer_begin, layer_end) of `model` for `tokens`
+// tokens that attend to `context` keys each at most, `outputs` of them through the classifier
+// (counted only when the range ends at the last layer). Device timing models read it; the
+// head uses it to bound how long a run may take before it is called lost.
+WorkCost forward_cost(const Model& model, int layer_begin, int layer_end, int tokens, int64_t context, int outputs);
+
 struct ContextParams {
   int n_ctx = 0;            // KV cells; 0: the model's training context (at most 4096)
   int n_threads = 1;        // used when no pool is given

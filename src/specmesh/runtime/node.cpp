@@ -108,7 +108,16 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
         a = spawn_stage(sys, sc, stats);
       }
       actors_.push_back(a);
-      routes.push_back({role, s.layer_begin, a});
+      // Work reaches a stage from the one before it; the first stage's from the head, or for
+      // the pair's partner from the target's group, which forwards it.
+      Route r{role, s.layer_begin, a, i == 0 ? topo.head_node : topo.node_of_device(stages[i - 1]->device).name, ""};
+      if (const int group = pair_group(role); group >= 0) {
+        const std::string peer_role = group == 0 ? pair_role : kTargetRole;
+        const std::string peer = topo.node_of_device(topo.stages_of(peer_role)[0]->device).name;
+        r.sync_peer = peer;
+        if (group == 1) r.upstream = peer;
+      }
+      routes.push_back(std::move(r));
       stage_info_.push_back({role, s.layer_begin, s.layer_end, s.device, stats});
     }
   }
@@ -121,7 +130,7 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
     gateway_->subscribe(MsgType::error, head_, Delivery::inline_io);
     gateway_->subscribe(MsgType::hidden_states, head_, Delivery::inline_io);
   }
-  dispatcher_ = spawn_dispatcher(sys, node, routes, head_);
+  dispatcher_ = spawn_dispatcher(sys, node, topo.head_node, routes, head_, dispatch_stats_);
   actors_.push_back(dispatcher_);
   router_->set_local(dispatcher_);
   for (MsgType t : {MsgType::run_start, MsgType::activations, MsgType::kv_cache_op, MsgType::cancel, MsgType::attention_sync})
@@ -154,6 +163,12 @@ HeadConfig head_config(const Topology& topo, ModelCache& models, std::shared_ptr
     p.model = models.get(topo.models.at(model));
     p.nodes = pipeline_nodes(topo, role);
     p.first_node = p.nodes.front();
+    p.price.link = topo.link;
+    p.price.n_ctx = context_size(*p.model, run.n_ctx);
+    for (const StageSpec* s : topo.stages_of(role)) {
+      const DeviceSpec& d = topo.devices.at(s->device);
+      p.price.stages.push_back({p.model, s->layer_begin, s->layer_end, d.profile, d.threads});
+    }
     hc.pipelines[role] = std::move(p);
   }
   hc.router = std::move(router);

@@ -12,6 +12,7 @@
 
 #include <caf/actor.hpp>
 
+#include "specmesh/transport/dispatcher.hpp"
 #include "specmesh/transport/gateway.hpp"
 #include "specmesh/actors/head.hpp"
 #include "specmesh/transport/router.hpp"
@@ -46,6 +47,8 @@ class NodeHost {
   Gateway& gateway() { return *gateway_; }
   const std::shared_ptr<Router>& router() const { return router_; }
   caf::actor head() const { return head_; }  // only on the head node
+  // Messages this node refused because their sender's role does not allow them.
+  const DispatchStats& dispatch_stats() const { return *dispatch_stats_; }
 
   // Waits until every named peer has been heard from; false (and the first missing peer in
   // *missing) when the timeout passes first.
@@ -68,6 +71,7 @@ class NodeHost {
   std::vector<caf::actor> actors_;  // everything spawned here, stopped in the destructor
   std::vector<StageInfo> stage_info_;
   caf::actor dispatcher_;
+  std::shared_ptr<DispatchStats> dispatch_stats_ = std::make_shared<DispatchStats>();
   caf::actor head_;
 };
 

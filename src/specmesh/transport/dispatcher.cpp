@@ -1,5 +1,7 @@
 #include "specmesh/transport/dispatcher.hpp"
 
+#include <chrono>
+
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
@@ -7,30 +9,82 @@
 
 namespace specmesh {
 
-caf::actor spawn_dispatcher(caf::actor_system& sys, std::string node, std::vector<Route> routes, caf::actor head) {
-  return sys.spawn([node = std::move(node), routes = std::move(routes), head](caf::event_based_actor*) -> caf::behavior {
+namespace {
+
+struct Dispatch {
+  std::string node, head_node;
+  std::vector<Route> routes;
+  caf::actor head;
+  std::shared_ptr<DispatchStats> stats;
+  std::chrono::steady_clock::time_point logged{};
+
+  const Route* find(const std::string& pipeline, int layer) const {
+    for (const auto& r : routes)
+      if (r.pipeline == pipeline && r.layer_begin == layer) return &r;
+    return nullptr;
+  }
+
+  void refuse(const std::string& from, const Envelope& env, const char* why) {
+    const uint64_t n = ++stats->refused;
+    if (const auto now = std::chrono::steady_clock::now(); now - logged > std::chrono::seconds(1)) {
+      logged = now;
+      spdlog::warn("node {}: refused {} of run {} from '{}': {} ({} refused so far)", node, to_string(env.type()),
+                   env.run_id, from, why, n);
+    }
+  }
+
+  void unrouted(const std::string& from, const Envelope& env) {
+    const uint64_t n = ++stats->unrouted;
+    if (const auto now = std::chrono::steady_clock::now(); now - logged > std::chrono::seconds(1)) {
+      logged = now;
+      spdlog::warn("node {}: no stage here for {} from {} (run {}; {} so far)", node, to_string(env.type()), from,
+                   env.run_id, n);
+    }
+  }
+
+  // Work for one stage: delivered only when `from` may send it.
+  void work(const Route* r, const std::string& from, const Envelope& env, bool sync) {
+    if (!r) return unrouted(from, env);
+    if (from != (sync ? r->sync_peer : r->upstream))
+      return refuse(from, env, sync ? "only the other group of the pair sends attention syncs"
+                                    : "only the node upstream of the stage sends it work");
+    caf::anon_send(r->stage, from, env);
+  }
+
+  void operator()(const std::string& from, const Envelope& env) {
+    if (const auto* s = std::get_if<RunStart>(&env.payload)) return work(find(s->pipeline, 0), from, env, false);
+    if (const auto* a = std::get_if<Activations>(&env.payload)) return work(find(a->pipeline, a->layer), from, env, false);
+    if (const auto* k = std::get_if<KvCacheOp>(&env.payload)) return work(find(k->pipeline, k->layer), from, env, false);
+    if (const auto* y = std::get_if<AttentionSync>(&env.payload); y && y->kind != SyncKind::report)
+      return work(find(y->pipeline, 0), from, env, true);
+    if (std::holds_alternative<Cancel>(env.payload)) {
+      bool any = false;
+      for (const auto& r : routes)
+        if (from == head_node || (!r.sync_peer.empty() && from == r.upstream)) {
+          caf::anon_send<caf::message_priority::high>(r.stage, from, env);
+          any = true;
+        }
+      if (!any && !routes.empty()) refuse(from, env, "only the head cancels runs");
+      return;
+    }
+    if (head) return caf::anon_send(head, from, env);
+    unrouted(from, env);
+  }
+};
+
+}  // namespace
+
+caf::actor spawn_dispatcher(caf::actor_system& sys, std::string node, std::string head_node, std::vector<Route> routes,
+                            caf::actor head, std::shared_ptr<DispatchStats> stats) {
+  auto d = std::make_shared<Dispatch>();
+  d->node = std::move(node);
+  d->head_node = std::move(head_node);
+  d->routes = std::move(routes);
+  d->head = std::move(head);
+  d->stats = stats ? std::move(stats) : std::make_shared<DispatchStats>();
+  return sys.spawn([d](caf::event_based_actor*) -> caf::behavior {
     return {
-        [node, routes, head](const std::string& from, const Envelope& env) {
-          auto find = [&](const std::string& pipeline, int layer) -> const caf::actor* {
-            for (const auto& r : routes)
-              if (r.pipeline == pipeline && r.layer_begin == layer) return &r.stage;
-            return nullptr;
-          };
-          const caf::actor* to = nullptr;
-          if (const auto* r = std::get_if<RunStart>(&env.payload)) to = find(r->pipeline, 0);
-          else if (const auto* a = std::get_if<Activations>(&env.payload)) to = find(a->pipeline, a->layer);
-          else if (const auto* k = std::get_if<KvCacheOp>(&env.payload)) to = find(k->pipeline, k->layer);
-          else if (const auto* s = std::get_if<AttentionSync>(&env.payload); s && s->kind != SyncKind::report)
-            to = find(s->pipeline, 0);
-          else if (std::holds_alternative<Cancel>(env.payload)) {
-            for (const auto& r : routes) caf::anon_send<caf::message_priority::high>(r.stage, from, env);
-            return;
-          } else if (head) {
-            to = &head;
-          }
-          if (to) caf::anon_send(*to, from, env);
-          else spdlog::warn("node {}: no stage here for {} from {} (run {})", node, to_string(env.type()), from, env.run_id);
-        },
+        [d](const std::string& from, const Envelope& env) { (*d)(from, env); },
     };
   });
 }
