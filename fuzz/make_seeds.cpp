@@ -288,6 +288,8 @@ void message_seeds(const fs::path& out) {
                      0}},
       {"attention_sync-report",
        AttentionSync{"target", SyncKind::report, 4, 40, 0, {ramp_tensor(WireDType::u8, {4})}, 0.25}},
+      {"replan", Replan{"target", 2, 4, "spare", "n3", "n2", "n0", 1, false}},
+      {"replan-done", Replan{"target", 2, 4, "spare", "n3", "n2", "n0", 1, true}},
   };
   uint64_t run = 7;
   for (const auto& [name, p] : payloads) {

@@ -62,6 +62,8 @@ std::vector<Envelope> samples() {
                                                 {iota_tensor({16}), iota_tensor({4}), iota_tensor({4}), iota_tensor({16})}, 0}));
   out.push_back(make_envelope(15, AttentionSync{"target", SyncKind::report, 4, 40, 0,
                                                 {Tensor::from(WireDType::u8, {4}, std::vector<uint8_t>{1, 0, 1, 1})}, 0.25}));
+  out.push_back(make_envelope(0, Replan{"draft", 3, 5, "spare", "n3", "head", "n1", 2, false}));
+  out.push_back(make_envelope(0, Replan{"target", 0, 2, "spare", "n3", "n1", "head", UINT64_MAX, true}));
   for (std::size_t i = 0; i < out.size(); ++i) {
     out[i].seq = 1000 + i;
     out[i].session = 0xfeedfacecafebeefull;
@@ -94,7 +96,9 @@ TEST(Messages, WireValuesAreAppendedNeverRenumbered) {
   EXPECT_EQ(uint8_t(MsgType::error), 7);
   EXPECT_EQ(uint8_t(MsgType::hidden_states), 8);
   EXPECT_EQ(uint8_t(MsgType::attention_sync), 9);
-  EXPECT_EQ(kMsgTypeMax, uint8_t(MsgType::attention_sync));
+  EXPECT_EQ(uint8_t(MsgType::replan), 10);
+  EXPECT_EQ(kMsgTypeMax, uint8_t(MsgType::replan));
+  EXPECT_STREQ(to_string(MsgType::replan), "replan");
   EXPECT_STREQ(to_string(MsgType::attention_sync), "attention_sync");
   EXPECT_STREQ(to_string(MsgType::hidden_states), "hidden_states");
 }

@@ -86,6 +86,7 @@ SpecMetrics sample_metrics() {
   m.runs_launched = 110;
   m.runs_cancelled = 9;
   m.runs_wasted = 4;
+  m.failovers = 1;
   return m;
 }
 
@@ -110,8 +111,9 @@ void expect_row(const std::vector<std::string>& row, const SpecMetrics& m) {
   EXPECT_EQ(std::stoll(row[16]), m.runs_launched);
   EXPECT_EQ(std::stoll(row[17]), m.runs_cancelled);
   EXPECT_EQ(std::stoll(row[18]), m.runs_wasted);
-  EXPECT_EQ(std::strtod(row[row.size() - 2].c_str(), nullptr), m.itl_p50_ms);
-  EXPECT_EQ(std::strtod(row[row.size() - 1].c_str(), nullptr), m.itl_p99_ms);
+  EXPECT_EQ(std::strtod(row[row.size() - 3].c_str(), nullptr), m.itl_p50_ms);
+  EXPECT_EQ(std::strtod(row[row.size() - 2].c_str(), nullptr), m.itl_p99_ms);
+  EXPECT_EQ(std::stoll(row[row.size() - 1]), m.failovers);
 }
 
 TEST(SpecMetrics, DerivedRatios) {

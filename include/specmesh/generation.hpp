@@ -53,6 +53,7 @@ struct Metrics {
   int64_t runs_launched = 0;       // target runs started
   int64_t runs_cancelled = 0;      // runs stopped before they finished
   int64_t runs_wasted = 0;         // runs that finished but whose result was discarded
+  int64_t failovers = 0;           // times the generation moved stages to a standby and went on
   // Attention-level speculation, over the decode tokens and their layers:
   int64_t attention_checks = 0;    // layer attentions speculated
   int64_t attention_hits = 0;      // speculations accepted

@@ -38,6 +38,9 @@ struct DeviceSpec {
   std::string node;
   int threads = 1;
   std::optional<DeviceProfile> profile;
+  // A standby runs no stage until a stage's node stops answering; the head then moves that
+  // node's stages onto it and the generation goes on (failover). Stages never name it.
+  bool standby = false;
 };
 
 struct StageSpec {

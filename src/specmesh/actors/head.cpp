@@ -1,6 +1,7 @@
 #include "specmesh/actors/head.hpp"
 
 #include <deque>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -9,6 +10,7 @@
 #include <caf/stateful_actor.hpp>
 #include <spdlog/spdlog.h>
 
+#include "specmesh/actors/failover.hpp"
 #include "specmesh/actors/head_host.hpp"
 
 namespace specmesh {
@@ -24,6 +26,15 @@ struct HeadState {
   bool ticking = false;  // a deadline check is scheduled
   uint64_t refused = 0;  // messages from nodes that may not send them
   std::chrono::steady_clock::time_point refusal_logged{};
+  // A failover waiting for the nodes' answers; sessions wait with it.
+  struct PendingFailover {
+    FailoverPlan plan;
+    uint64_t epoch = 0;
+    std::set<std::string> awaiting;  // "node|pipeline|layer_begin"
+    std::chrono::steady_clock::time_point began, deadline;
+  };
+  std::optional<PendingFailover> failover;
+  uint64_t epochs = 0;
 };
 
 using deadline_atom = caf::atom_constant<caf::atom("deadline")>;
@@ -41,6 +52,17 @@ std::string node_down(const HeadConfig& cfg) {
   return {};
 }
 
+// Starts the session's strategy from clean caches (the removal travels ahead of the first
+// run; a pair's partner gets it from the target's group, in order with the runs). The strategy
+// starts from the prompt plus whatever was accepted before, which after a failover is more
+// than the prompt.
+void start_strategy(HeadState& st) {
+  st.strategy = st.cfg.strategy->make(*st.host);
+  for (const auto& [role, p] : st.cfg.pipelines)
+    if (role != st.cfg.strategy->pair_role) st.host->kv_ops(role, {{KvOpKind::remove, -1, -1, -1, -1}});
+  st.strategy->start();
+}
+
 // Starts queued sessions one at a time, and clears away the one that ended.
 void settle(HeadState& st) {
   for (;;) {
@@ -49,7 +71,7 @@ void settle(HeadState& st) {
       st.strategy.reset();
       st.host.reset();
     }
-    if (st.host || st.queue.empty()) return;
+    if (st.host || st.queue.empty() || st.failover) return;
     SessionPtr s = std::move(st.queue.front());
     st.queue.pop_front();
     try {
@@ -57,12 +79,7 @@ void settle(HeadState& st) {
       // Its runs would wait in queues for a node that is gone or frozen: refuse now.
       if (const std::string down = node_down(st.cfg); !down.empty())
         throw std::runtime_error(stopped_answering(down) + "; request not started");
-      st.strategy = st.cfg.strategy->make(*st.host);
-      // Every request starts from clean caches; the removal travels ahead of the first run. A
-      // pair's partner gets it from the target's group, in order with the runs.
-      for (const auto& [role, p] : st.cfg.pipelines)
-        if (role != st.cfg.strategy->pair_role) st.host->kv_ops(role, {{KvOpKind::remove, -1, -1, -1, -1}});
-      st.strategy->start();
+      start_strategy(st);
     } catch (const std::exception& e) {
       if (st.host) {
         st.host->finish(e.what());
@@ -75,12 +92,67 @@ void settle(HeadState& st) {
   }
 }
 
-void on_error(HeadState& st, const Error& e) {
+std::string replan_key(const std::string& node, const Replan& r) {
+  return node + "|" + r.pipeline + "|" + std::to_string(r.layer_begin);
+}
+
+// A pipeline node stopped answering: its stages move to a standby when one is alive (the
+// session pauses and goes on once every node has answered the replan), else the session ends
+// with the tokens accepted so far.
+void on_peer_down(HeadState& st, const std::string& node) {
+  if (st.failover && st.failover->plan.down == node) return;
   bool ours = false;
-  for (const auto& [role, p] : st.cfg.pipelines)
-    ours = ours || std::find(p.nodes.begin(), p.nodes.end(), e.peer) != p.nodes.end();
-  if (e.code != ErrorCode::peer_down) st.host->finish("node '" + e.peer + "': " + e.message);
-  else if (ours) st.host->finish(stopped_answering(e.peer) + "; generation aborted");
+  for (const Placement& p : st.cfg.placement) ours = ours || p.node == node;
+  if (!ours) return;
+  std::optional<FailoverPlan> plan;
+  if (!st.failover)
+    plan = plan_failover(st.cfg, node, [&](const std::string& n) { return st.cfg.router->reachable(n); }, ++st.epochs);
+  if (!plan) {
+    if (st.host) st.host->finish(stopped_answering(node) + "; generation aborted");
+    return;
+  }
+  spdlog::warn("head: node '{}' stopped answering; its stages move to standby device '{}' on node '{}'", node,
+               plan->standby.device, plan->standby.node);
+  if (st.strategy) st.strategy->abandon();
+  st.strategy.reset();
+  if (st.host) st.host->deadlines().clear();
+  HeadState::PendingFailover f;
+  f.epoch = st.epochs;
+  f.began = std::chrono::steady_clock::now();
+  f.deadline = f.began + st.cfg.failover_timeout;
+  for (const std::string& n : plan->notify)
+    for (const Replan& r : plan->replans) {
+      f.awaiting.insert(replan_key(n, r));
+      st.cfg.router->send(n, make_envelope(0, r));
+    }
+  f.plan = std::move(*plan);
+  st.failover = std::move(f);
+}
+
+// A node applied a replan; once all have, the session goes on from its accepted tokens.
+void on_replanned(HeadState& st, const std::string& from, const Replan& r) {
+  if (!r.done || !st.failover || r.epoch != st.failover->epoch) return;
+  st.failover->awaiting.erase(replan_key(from, r));
+  if (!st.failover->awaiting.empty()) return;
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - st.failover->began).count();
+  spdlog::info("head: stages of node '{}' now run on device '{}' of node '{}' ({:.0f} ms)", st.failover->plan.down,
+               st.failover->plan.standby.device, st.failover->plan.standby.node, ms);
+  st.failover.reset();
+  if (!st.host || st.host->done()) return;
+  ++st.host->metrics().failovers;
+  start_strategy(st);
+}
+
+// A stage's error about one of this session's runs (or about no run: a cache operation) ends
+// the session. An error about a run the session is not waiting for (a refused forged run, a
+// run of a session already over) is none of its business.
+void on_error(HeadState& st, uint64_t run, const Error& e) {
+  if (run != 0 && !st.host->deadlines().awaits(run)) {
+    spdlog::debug("head: error from node '{}' about run {}, which is not ours: {}", e.peer, run, e.message);
+    return;
+  }
+  st.host->finish("node '" + e.peer + "': " + e.message);
 }
 
 bool in_pipelines(const HeadConfig& cfg, const std::string& node) {
@@ -107,8 +179,15 @@ bool allowed(HeadState& st, const std::string& from, const Envelope& env) {
   bool ok = true;
   if (const auto* l = std::get_if<Logits>(&env.payload)) ok = ends_pipeline(st.cfg, from, l->pipeline);
   else if (const auto* a = std::get_if<AttentionSync>(&env.payload)) ok = ends_pipeline(st.cfg, from, a->pipeline);
+  else if (const auto* e = std::get_if<Error>(&env.payload); e && (e->code == ErrorCode::peer_down ||
+                                                                   e->code == ErrorCode::messages_lost))
+    // Raised by this node's own gateway about that peer (session 0: never on the wire, where
+    // the sending gateway stamps its session); a peer cannot report another one lost.
+    ok = env.session == 0 && e->peer == from;
   else if (std::holds_alternative<HiddenStates>(env.payload) || std::holds_alternative<Error>(env.payload))
     ok = in_pipelines(st.cfg, from);
+  else if (std::holds_alternative<Replan>(env.payload))
+    ok = std::find(st.cfg.nodes.begin(), st.cfg.nodes.end(), from) != st.cfg.nodes.end();
   if (ok) return true;
   ++st.refused;
   if (const auto now = std::chrono::steady_clock::now(); now - st.refusal_logged > std::chrono::seconds(1)) {
@@ -121,7 +200,14 @@ bool allowed(HeadState& st, const std::string& from, const Envelope& env) {
 
 // Ends the session when one of its runs is past its deadline; keeps checking while one runs.
 void check_deadlines(HeadState& st) {
-  if (!st.host || st.host->done()) return;
+  if (st.failover && std::chrono::steady_clock::now() > st.failover->deadline) {
+    const std::string what = stopped_answering(st.failover->plan.down) + "; moving its stages to node '" +
+                             st.failover->plan.standby.node + "' did not finish within " +
+                             std::to_string(st.cfg.failover_timeout.count()) + " ms";
+    st.failover.reset();
+    if (st.host) st.host->finish(what);
+  }
+  if (!st.host || st.host->done() || !st.strategy) return;
   if (auto late = st.host->deadlines().overdue()) {
     const PipelineRef& p = st.cfg.pipelines.at(late->role);
     std::string nodes;
@@ -137,7 +223,7 @@ namespace {
 
 // Schedules the next deadline check while a session runs.
 void arm(caf::stateful_actor<HeadState>* self) {
-  if (self->state.ticking || !self->state.host) return;
+  if (self->state.ticking || (!self->state.host && !self->state.failover)) return;
   self->state.ticking = true;
   self->delayed_send(self, kDeadlineCheck, deadline_atom::value);
 }
@@ -161,7 +247,19 @@ caf::actor spawn_head(caf::actor_system& sys, HeadConfig cfg) {
         },
         [self](const std::string& from, const Envelope& env) {
           auto& st = self->state;
-          if (!st.host || !allowed(st, from, env)) return;
+          if (!allowed(st, from, env)) return;
+          if (const auto* e = std::get_if<Error>(&env.payload); e && e->code == ErrorCode::peer_down) {
+            on_peer_down(st, e->peer);
+          } else if (const auto* r = std::get_if<Replan>(&env.payload)) {
+            on_replanned(st, from, *r);
+          } else if (!st.host || !st.strategy) {
+            return;  // between sessions, or paused by a failover
+          }
+          if (!st.host || !st.strategy) {
+            settle(st);
+            arm(self);
+            return;
+          }
           try {
             if (const auto* l = std::get_if<Logits>(&env.payload)) {
               st.host->deadlines().settled(env.run_id);
@@ -169,7 +267,7 @@ caf::actor spawn_head(caf::actor_system& sys, HeadConfig cfg) {
             }
             else if (const auto* h = std::get_if<HiddenStates>(&env.payload)) st.strategy->on_hidden_states(env.run_id, *h);
             else if (const auto* a = std::get_if<AttentionSync>(&env.payload)) st.strategy->on_attention_report(env.run_id, *a);
-            else if (const auto* e = std::get_if<Error>(&env.payload)) on_error(st, *e);
+            else if (const auto* e = std::get_if<Error>(&env.payload); e && e->code != ErrorCode::peer_down) on_error(st, env.run_id, *e);
           } catch (const std::exception& ex) {
             st.host->finish(ex.what());
           }

@@ -8,6 +8,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,19 @@ struct PipelineRef {
   PipelinePrice price;                  // what a run costs on it, for run deadlines
 };
 
+// Where a stage of a pipeline runs (HeadConfig::placement lists every stage, each role's in
+// pipeline order), and a standby device that can take stages over (see actors/failover.hpp).
+struct Placement {
+  std::string role;
+  int layer_begin = 0, layer_end = 0;
+  std::string device, node;
+};
+struct Standby {
+  std::string device, node;
+  std::optional<DeviceProfile> profile;
+  int threads = 1;
+};
+
 struct HeadConfig {
   const StrategyInfo* strategy = nullptr;
   StrategyParams params;
@@ -57,6 +71,11 @@ struct HeadConfig {
   int n_predict = 128;
   int n_batch = 256;
   std::string metrics_csv;      // append a row per generation when set
+  std::string head_node;
+  std::vector<std::string> nodes;       // every node of the topology
+  std::vector<Placement> placement;
+  std::vector<Standby> standbys;        // not yet used
+  std::chrono::milliseconds failover_timeout{5000};  // replan answered and pipeline restarted
   // How long a run may take before it is called lost (see actors/run_deadlines.hpp).
   std::chrono::milliseconds run_deadline_floor{2000};
   double run_deadline_factor = 4;

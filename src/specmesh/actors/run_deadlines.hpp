@@ -58,9 +58,12 @@ class RunDeadlines {
   void launched(uint64_t run, const std::string& role, int tokens, Clock::time_point now = Clock::now());
   // Its answer arrived, or it was cancelled (a cancelled run sends nothing back).
   void settled(uint64_t run) { runs_.erase(run); }
+  // Forgets every run (the strategy that launched them was dropped).
+  void clear() { runs_.clear(); }
   // The oldest outstanding run whose deadline has passed.
   std::optional<Overdue> overdue(Clock::time_point now = Clock::now()) const;
   std::size_t outstanding() const { return runs_.size(); }
+  bool awaits(uint64_t run) const { return runs_.count(run) != 0; }
 
  private:
   struct Run {

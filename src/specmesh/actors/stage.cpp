@@ -228,6 +228,7 @@ caf::actor spawn_stage(caf::actor_system& sys, StageConfig cfg, std::shared_ptr<
             spdlog::warn("stage on {}: ignoring {} from {}", st.cfg.self_node, to_string(env.type()), from);
           }
         },
+        [self](retarget_atom, const std::string& next_node) { self->state.cfg.next_node = next_node; },
     };
   });
 }

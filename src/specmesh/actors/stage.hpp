@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include <caf/actor.hpp>
+#include <caf/atom.hpp>
 
 #include "specmesh/transport/router.hpp"
 #include "specmesh/model/context.hpp"
@@ -74,8 +75,11 @@ struct StageStats {
   std::atomic<uint64_t> runs_cancelled{0};
 };
 
+using retarget_atom = caf::atom_constant<caf::atom("retarget")>;
+
 // The stage actor takes (const std::string& from, const Envelope&) messages carrying
-// RunStart, Activations, KvCacheOp or Cancel. Throws std::invalid_argument for taps of layers
+// RunStart, Activations, KvCacheOp or Cancel, and (retarget_atom, node): send the output of
+// the runs scheduled from now on to `node` (failover moved the next stage there). Throws std::invalid_argument for taps of layers
 // the model does not have, taps without a tap_node, or a tap_dtype other than f32 or f16.
 caf::actor spawn_stage(caf::actor_system& sys, StageConfig cfg, std::shared_ptr<StageStats> stats);
 

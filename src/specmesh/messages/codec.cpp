@@ -21,6 +21,7 @@ const char* to_string(MsgType t) {
     case MsgType::error: return "error";
     case MsgType::hidden_states: return "hidden_states";
     case MsgType::attention_sync: return "attention_sync";
+    case MsgType::replan: return "replan";
   }
   return "unknown";
 }
@@ -179,6 +180,18 @@ struct Encoder {
     pk.pack_array(static_cast<uint32_t>(m.tensors.size()));
     for (const auto& t : m.tensors) tensor(t);
     pk.pack_double(m.saved_ms);
+  }
+  void operator()(const Replan& m) {
+    pk.pack_array(9);
+    pk.pack(m.pipeline);
+    pk.pack_int32(m.layer_begin);
+    pk.pack_int32(m.layer_end);
+    pk.pack(m.device);
+    pk.pack(m.node);
+    pk.pack(m.next_node);
+    pk.pack(m.upstream);
+    pk.pack_uint64(m.epoch);
+    if (m.done) pk.pack_true(); else pk.pack_false();
   }
 };
 
@@ -421,6 +434,21 @@ struct Decoder {
       }
       case MsgType::hidden_states: return hidden_states(o);
       case MsgType::attention_sync: return attention_sync(o);
+      case MsgType::replan: {
+        const auto& a = array(o, 9, "replan");
+        Replan m;
+        m.pipeline = str(a.ptr[0], "pipeline");
+        m.layer_begin = int32_t(i64(a.ptr[1], 0, std::numeric_limits<int32_t>::max(), "layer_begin"));
+        m.layer_end = int32_t(i64(a.ptr[2], 0, std::numeric_limits<int32_t>::max(), "layer_end"));
+        if (m.layer_end <= m.layer_begin) fail(DecodeError::malformed, "replan: empty layer range");
+        m.device = str(a.ptr[3], "device");
+        m.node = str(a.ptr[4], "node");
+        m.next_node = str(a.ptr[5], "next_node");
+        m.upstream = str(a.ptr[6], "upstream");
+        m.epoch = u64(a.ptr[7], "epoch");
+        m.done = boolean(a.ptr[8], "done");
+        return m;
+      }
     }
     fail(DecodeError::unknown_type, "unknown message type");
   }

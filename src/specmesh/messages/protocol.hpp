@@ -40,9 +40,10 @@ enum class MsgType : uint8_t {
   error = 7,
   hidden_states = 8,
   attention_sync = 9,
+  replan = 10,
 };
 inline constexpr uint8_t kMsgTypeMin = 1;
-inline constexpr uint8_t kMsgTypeMax = 9;
+inline constexpr uint8_t kMsgTypeMax = 10;
 
 // Control messages travel on their own socket so they overtake queued tensors.
 constexpr bool is_control(MsgType t) {
@@ -256,9 +257,28 @@ struct Error {
   friend bool operator==(const Error&, const Error&) = default;
 };
 
+// Failover: the head moves the stage of `pipeline` over layers [layer_begin, layer_end) onto
+// a standby device after the stage's node stopped answering. Every live node applies it: the
+// node of `device` starts the stage (sending its output to `next_node`, taking work only
+// from `upstream`), the stage before it sends its output to `node` from now on, the stage
+// after it takes work from `node`. Each node then answers the head with the same message and
+// done = true; `epoch` tells one failover's answers from another's.
+struct Replan {
+  std::string pipeline;
+  int32_t layer_begin = 0;
+  int32_t layer_end = 0;
+  std::string device;
+  std::string node;
+  std::string next_node;
+  std::string upstream;
+  uint64_t epoch = 0;
+  bool done = false;
+  friend bool operator==(const Replan&, const Replan&) = default;
+};
+
 // Alternative index + 1 == MsgType wire value.
-using Payload =
-    std::variant<RunStart, Activations, Logits, KvCacheOp, Cancel, Heartbeat, Error, HiddenStates, AttentionSync>;
+using Payload = std::variant<RunStart, Activations, Logits, KvCacheOp, Cancel, Heartbeat, Error, HiddenStates,
+                             AttentionSync, Replan>;
 static_assert(std::variant_size_v<Payload> == kMsgTypeMax);
 
 struct Envelope {

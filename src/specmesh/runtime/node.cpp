@@ -1,8 +1,12 @@
 #include "specmesh/runtime/node.hpp"
 
+#include <algorithm>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
 
 #include "specmesh/actors/alspec_stage.hpp"
@@ -45,7 +49,7 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
     auto dev = std::make_shared<Device>(dn, d.threads, d.profile);
     devices_[dn] = dev;
   }
-  std::map<std::string, caf::actor> device_actors;
+  std::map<std::string, caf::actor>& device_actors = device_actors_;
   for (const auto& [dn, dev] : devices_) {
     device_actors[dn] = spawn_device_actor(sys, dev);
     actors_.push_back(device_actors[dn]);
@@ -119,6 +123,7 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
       }
       routes.push_back(std::move(r));
       stage_info_.push_back({role, s.layer_begin, s.layer_end, s.device, stats});
+      local_stages_.push_back({role, s.layer_begin, s.layer_end, a, s.device});
     }
   }
   if (node == topo.head_node) {
@@ -130,11 +135,74 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
     gateway_->subscribe(MsgType::error, head_, Delivery::inline_io);
     gateway_->subscribe(MsgType::hidden_states, head_, Delivery::inline_io);
   }
-  dispatcher_ = spawn_dispatcher(sys, node, topo.head_node, routes, head_, dispatch_stats_);
+  const caf::actor manager = spawn_manager(sys, topo, models);
+  dispatcher_ = spawn_dispatcher(sys, node, topo.head_node, routes, head_, manager, dispatch_stats_);
+  actors_.push_back(manager);
   actors_.push_back(dispatcher_);
   router_->set_local(dispatcher_);
-  for (MsgType t : {MsgType::run_start, MsgType::activations, MsgType::kv_cache_op, MsgType::cancel, MsgType::attention_sync})
+  for (MsgType t : {MsgType::run_start, MsgType::activations, MsgType::kv_cache_op, MsgType::cancel,
+                    MsgType::attention_sync, MsgType::replan})
     gateway_->subscribe(t, dispatcher_, Delivery::inline_io);  // it only forwards
+}
+
+// The node's side of a failover: starts the moved stage when its device is here, retargets
+// the local stage upstream of it, lets the local stage downstream of it take work from its new
+// node, and answers the head. Messages to the dispatcher and stages are sent before the answer,
+// so they are in those actors' mailboxes before any run the head starts after it.
+caf::actor NodeHost::spawn_manager(caf::actor_system& sys, const Topology& topo, ModelCache& models) {
+  return sys.spawn([this, &sys, topo, &models](caf::event_based_actor*) -> caf::behavior {
+    return {
+        [this, &sys, topo, &models](const std::string&, const Envelope& env) {
+          const auto* r = std::get_if<Replan>(&env.payload);
+          if (!r) return;
+          try {
+            const bool here = device_actors_.count(r->device) != 0;
+            const bool have = std::any_of(local_stages_.begin(), local_stages_.end(), [&](const LocalStage& l) {
+              return l.pipeline == r->pipeline && l.layer_begin == r->layer_begin && l.device == r->device;
+            });
+            if (here && !have) {
+              const auto roles = topo.role_models();
+              auto role = roles.find(r->pipeline);
+              if (role == roles.end()) throw std::invalid_argument("no pipeline '" + r->pipeline + "'");
+              StageConfig sc;
+              sc.pipeline = r->pipeline;
+              sc.self_node = name_;
+              sc.head_node = topo.head_node;
+              sc.next_node = r->next_node;
+              sc.model = models.get(topo.models.at(role->second));
+              sc.context.n_ctx = topo.run.n_ctx;
+              sc.context.layer_begin = r->layer_begin;
+              sc.context.layer_end = r->layer_end;
+              sc.device = device_actors_.at(r->device);
+              sc.device_state = devices_.at(r->device);
+              sc.router = router_;
+              caf::actor a = spawn_stage(sys, sc, std::make_shared<StageStats>());
+              {
+                std::lock_guard<std::mutex> lk(actors_mu_);
+                actors_.push_back(a);
+              }
+              local_stages_.push_back({r->pipeline, r->layer_begin, r->layer_end, a, r->device});
+              caf::anon_send(dispatcher_, route_atom::value, Route{r->pipeline, r->layer_begin, a, r->upstream, ""});
+              spdlog::info("node {}: took over stage {}[{},{}) on device {}", name_, r->pipeline, r->layer_begin,
+                           r->layer_end, r->device);
+            }
+            for (const LocalStage& l : local_stages_)
+              if (l.pipeline == r->pipeline && l.layer_end == r->layer_begin)
+                caf::anon_send(l.actor, retarget_atom::value, r->node);
+            caf::anon_send(dispatcher_, upstream_atom::value, r->pipeline, int(r->layer_end), r->node);
+            Replan done = *r;
+            done.done = true;
+            router_->send(topo.head_node, make_envelope(0, std::move(done)));
+          } catch (const std::exception& e) {
+            spdlog::error("node {}: cannot take over stage {}[{},{}): {}", name_, r->pipeline, r->layer_begin,
+                          r->layer_end, e.what());
+            router_->send(topo.head_node, make_envelope(0, Error{ErrorCode::internal, name_,
+                                                                 "failover: cannot start stage " + r->pipeline +
+                                                                     " on device " + r->device + ": " + e.what()}));
+          }
+        },
+    };
+  });
 }
 
 HeadConfig head_config(const Topology& topo, ModelCache& models, std::shared_ptr<Router> router) {
@@ -171,6 +239,13 @@ HeadConfig head_config(const Topology& topo, ModelCache& models, std::shared_ptr
     }
     hc.pipelines[role] = std::move(p);
   }
+  hc.head_node = topo.head_node;
+  for (const auto& [n, spec] : topo.nodes) hc.nodes.push_back(n);
+  for (const auto& [role, model] : topo.role_models())
+    for (const StageSpec* s : topo.stages_of(role))
+      hc.placement.push_back({role, s->layer_begin, s->layer_end, s->device, topo.devices.at(s->device).node});
+  for (const auto& [dn, d] : topo.devices)
+    if (d.standby) hc.standbys.push_back({dn, d.node, d.profile, d.threads});
   hc.router = std::move(router);
   hc.sampling = {run.temperature, run.top_k, run.top_p, run.min_p, run.seed};
   hc.n_predict = run.n_predict;
@@ -179,6 +254,7 @@ HeadConfig head_config(const Topology& topo, ModelCache& models, std::shared_ptr
 }
 
 NodeHost::~NodeHost() {
+  std::lock_guard<std::mutex> lk(actors_mu_);
   for (const auto& a : actors_) gateway_->unsubscribe(a);
   for (const auto& a : actors_) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   router_->close();

@@ -68,7 +68,19 @@ class NodeHost {
   std::unique_ptr<Gateway> gateway_;
   std::shared_ptr<Router> router_;
   std::map<std::string, std::shared_ptr<Device>> devices_;
+  caf::actor spawn_manager(caf::actor_system& sys, const Topology& topo, ModelCache& models);
+
+  std::mutex actors_mu_;            // the manager adds stages while the node runs
   std::vector<caf::actor> actors_;  // everything spawned here, stopped in the destructor
+  std::map<std::string, caf::actor> device_actors_;
+  // Stages on this node (the manager's, once the constructor is done).
+  struct LocalStage {
+    std::string pipeline;
+    int layer_begin, layer_end;
+    caf::actor actor;
+    std::string device;
+  };
+  std::vector<LocalStage> local_stages_;
   std::vector<StageInfo> stage_info_;
   caf::actor dispatcher_;
   std::shared_ptr<DispatchStats> dispatch_stats_ = std::make_shared<DispatchStats>();

@@ -252,13 +252,14 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
     for (const auto& [name, v] : table_at(e, *n, "devices")) {
       const std::string pre = "devices." + std::string(name.str()) + ".";
       const auto& m = table_at(e, v, pre);
-      check_keys(e, m, pre, {"node", "threads", "profile"});
+      check_keys(e, m, pre, {"node", "threads", "profile", "standby"});
       DeviceSpec s;
       s.name = std::string(name.str());
       s.node = get<std::string>(e, m, pre, "node", t.head_node);
       if (!t.nodes.count(s.node)) e.fail(m.get("node"), pre + "node", "names no node in [nodes]: '" + s.node + "'");
       s.threads = get<int>(e, m, pre, "threads", 1);
       if (s.threads < 1 || s.threads > 256) e.fail(m.get("threads"), pre + "threads", "must be between 1 and 256");
+      s.standby = get<bool>(e, m, pre, "standby", false);
       if (const toml::node* p = m.get("profile")) {
         if (auto pname = p->value<std::string>()) {
           s.profile = device_profile(*pname);
@@ -313,6 +314,8 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
         e.fail(m.get("model"), pre + "model", "role '" + s.role + "' runs model '" + roles.at(s.role) + "', not '" + s.model + "'");
       s.device = get<std::string>(e, m, pre, "device", t.devices.begin()->first);
       if (!t.devices.count(s.device)) e.fail(m.get("device"), pre + "device", "names no device in [devices]: '" + s.device + "'");
+      if (t.devices.at(s.device).standby)
+        e.fail(m.get("device"), pre + "device", "'" + s.device + "' is a standby device: it takes stages only on failover");
       if (const toml::node* l = m.get("layers")) {
         const toml::array* la = l->as_array();
         const std::string expected = "expected [first, end) as two integers";
@@ -388,8 +391,11 @@ void Topology::check() {
     if (!stages_of(role).empty()) continue;
     std::string dev;
     for (const auto& [dn, d] : devices)
-      if (d.node == head_node) { dev = dn; break; }
-    if (dev.empty()) dev = devices.begin()->first;
+      if (d.node == head_node && !d.standby) { dev = dn; break; }
+    if (dev.empty())
+      for (const auto& [dn, d] : devices)
+        if (!d.standby) { dev = dn; break; }
+    if (dev.empty()) fail("devices", "every device is a standby: role '" + role + "' has nowhere to run");
     stages.push_back({model, role, dev, -1, -1, 1.0, 0});
   }
 }

@@ -58,7 +58,7 @@ const std::vector<std::string>& SpecMetrics::csv_columns() {
       "decode_tokens_per_s", "drafted", "accepted", "acceptance_rate", "verifications", "tokens_per_verification",
       "tree_size", "accepted_depth", "max_accepted_depth",
       "runs_launched", "runs_cancelled", "runs_wasted", "attention_checks", "attention_hits", "attention_hit_rate",
-      "overlap_saved_ms", "itl_p50_ms", "itl_p99_ms"};
+      "overlap_saved_ms", "itl_p50_ms", "itl_p99_ms", "failovers"};
   return cols;
 }
 
@@ -87,7 +87,8 @@ std::vector<std::string> SpecMetrics::csv_values() const {
           number(attention_hit_rate()),
           number(overlap_saved_ms),
           number(itl_p50_ms),
-          number(itl_p99_ms)};
+          number(itl_p99_ms),
+          std::to_string(failovers)};
 }
 
 nlohmann::json SpecMetrics::to_json() const {
@@ -112,6 +113,7 @@ nlohmann::json SpecMetrics::to_json() const {
           {"runs_launched", runs_launched},
           {"runs_cancelled", runs_cancelled},
           {"runs_wasted", runs_wasted},
+          {"failovers", failovers},
           {"attention_checks", attention_checks},
           {"attention_hits", attention_hits},
           {"attention_hit_rate", attention_hit_rate()},

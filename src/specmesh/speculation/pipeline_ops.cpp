@@ -50,7 +50,7 @@ std::vector<float> rows_of(const Logits& l, size_t want_rows, int n_vocab, uint6
   return l.logits.data.to_vector<float>();
 }
 
-void OneRunPerToken::start() { awaited_ = feed(h_, kTargetRole, cached_, h_.prompt(), 1); }
+void OneRunPerToken::start() { awaited_ = feed(h_, kTargetRole, cached_, h_.tokens(), 1); }
 
 void OneRunPerToken::on_logits(uint64_t run, const Logits& l) {
   if (run != awaited_) return;  // an earlier prefill chunk

@@ -60,6 +60,8 @@ class StrategyHost {
 class Strategy {
  public:
   virtual ~Strategy() = default;
+  // Starts from the host's tokens(): the prompt, or after a failover the prompt and the
+  // tokens accepted before it, with every cache empty.
   virtual void start() = 0;
   // The logits of a run (Logits::pipeline names the role it was launched into).
   virtual void on_logits(uint64_t run, const Logits& logits) = 0;

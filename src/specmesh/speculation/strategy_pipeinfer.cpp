@@ -108,9 +108,9 @@ class PipeInfer final : public Strategy {
   }
 
   void start() override {
-    // The prompt goes straight into the canonical sequence; its last token is the first
-    // non-speculative run.
-    const auto& prompt = c_.prompt();
+    // The prompt (with the tokens accepted before a failover) goes straight into the canonical
+    // sequence; its last token is the first non-speculative run.
+    const auto& prompt = c_.tokens();
     std::vector<int32_t> cached;
     const uint64_t id = feed(c_, target(), cached, prompt, 1);
     inflight_.push_back(plain(id));

@@ -14,7 +14,7 @@ namespace {
 struct Dispatch {
   std::string node, head_node;
   std::vector<Route> routes;
-  caf::actor head;
+  caf::actor head, manager;
   std::shared_ptr<DispatchStats> stats;
   std::chrono::steady_clock::time_point logged{};
 
@@ -57,6 +57,15 @@ struct Dispatch {
     if (const auto* k = std::get_if<KvCacheOp>(&env.payload)) return work(find(k->pipeline, k->layer), from, env, false);
     if (const auto* y = std::get_if<AttentionSync>(&env.payload); y && y->kind != SyncKind::report)
       return work(find(y->pipeline, 0), from, env, true);
+    if (const auto* p = std::get_if<Replan>(&env.payload)) {
+      if (p->done) {
+        if (head) return caf::anon_send(head, from, env);
+        return unrouted(from, env);
+      }
+      if (from != head_node) return refuse(from, env, "only the head moves stages");
+      if (manager) return caf::anon_send(manager, from, env);
+      return unrouted(from, env);
+    }
     if (std::holds_alternative<Cancel>(env.payload)) {
       bool any = false;
       for (const auto& r : routes)
@@ -75,16 +84,29 @@ struct Dispatch {
 }  // namespace
 
 caf::actor spawn_dispatcher(caf::actor_system& sys, std::string node, std::string head_node, std::vector<Route> routes,
-                            caf::actor head, std::shared_ptr<DispatchStats> stats) {
+                            caf::actor head, caf::actor manager, std::shared_ptr<DispatchStats> stats) {
   auto d = std::make_shared<Dispatch>();
   d->node = std::move(node);
   d->head_node = std::move(head_node);
   d->routes = std::move(routes);
   d->head = std::move(head);
+  d->manager = std::move(manager);
   d->stats = stats ? std::move(stats) : std::make_shared<DispatchStats>();
   return sys.spawn([d](caf::event_based_actor*) -> caf::behavior {
     return {
         [d](const std::string& from, const Envelope& env) { (*d)(from, env); },
+        [d](route_atom, const Route& r) {
+          for (Route& old : d->routes)
+            if (old.pipeline == r.pipeline && old.layer_begin == r.layer_begin) {
+              old = r;
+              return;
+            }
+          d->routes.push_back(r);
+        },
+        [d](upstream_atom, const std::string& pipeline, int layer_begin, const std::string& node) {
+          for (Route& r : d->routes)
+            if (r.pipeline == pipeline && r.layer_begin == layer_begin) r.upstream = node;
+        },
     };
   });
 }

@@ -10,7 +10,11 @@
 // for a first stage), a pair's sync only from the other group, cancels only from the head (or,
 // for a pair's partner, from the target's group, which forwards them). A forged run start,
 // cache wipe or cancel from any other node is dropped, counted and logged at most once a
-// second.
+// second. A replan (failover) only from the head goes to the node's `manager`; a node's answer
+// to one goes to the head.
+//
+// The routes change on failover: (route_atom, Route) adds or replaces a stage's route, and
+// (upstream_atom, pipeline, layer_begin, node) changes who may send a stage work.
 #pragma once
 
 #include <atomic>
@@ -20,6 +24,8 @@
 #include <vector>
 
 #include <caf/actor.hpp>
+#include <caf/allowed_unsafe_message_type.hpp>
+#include <caf/atom.hpp>
 
 #include "specmesh/messages/protocol.hpp"
 
@@ -38,6 +44,9 @@ struct Route {
   std::string sync_peer;  // the other group of a pair (may send attention syncs); else empty
 };
 
+using route_atom = caf::atom_constant<caf::atom("route")>;
+using upstream_atom = caf::atom_constant<caf::atom("upstream")>;
+
 struct DispatchStats {
   std::atomic<uint64_t> refused{0};    // messages from nodes whose role does not allow them
   std::atomic<uint64_t> unrouted{0};   // messages for a stage this node does not have
@@ -47,6 +56,8 @@ struct DispatchStats {
 // Delivery::inline_io. `head` may be null on nodes without one; `head_node` names the node
 // that hosts the head (which may be another one). `stats` may be null.
 caf::actor spawn_dispatcher(caf::actor_system& sys, std::string node, std::string head_node, std::vector<Route> routes,
-                            caf::actor head, std::shared_ptr<DispatchStats> stats = nullptr);
+                            caf::actor head, caf::actor manager = {}, std::shared_ptr<DispatchStats> stats = nullptr);
 
 }  // namespace specmesh
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(specmesh::Route)

@@ -1,0 +1,179 @@
+// Failover: a stage's node dies mid-generation and a standby takes its stages over. The client
+// sees a pause, not an error; every accepted token is kept and none is repeated or lost, so
+// the ids equal an undisturbed run's.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "processes.hpp"
+#include "refdata.hpp"
+#include "specmesh/actors/failover.hpp"
+#include "specmesh/model/context.hpp"
+#include "specmesh/model/generate.hpp"
+#include "specmesh/runtime.hpp"
+
+using namespace specmesh;
+namespace fs = std::filesystem;
+
+namespace {
+
+HeadConfig three_stages(std::vector<Standby> standbys) {
+  HeadConfig cfg;
+  cfg.head_node = "head";
+  cfg.nodes = {"head", "n0", "n1", "n2", "spare", "spare2"};
+  PipelineRef p;
+  p.role = kTargetRole;
+  p.nodes = {"n0", "n1", "n2"};
+  p.first_node = "n0";
+  p.price.stages.resize(3);
+  cfg.pipelines[kTargetRole] = p;
+  cfg.placement = {{kTargetRole, 0, 2, "cpu0", "n0"}, {kTargetRole, 2, 4, "cpu1", "n1"}, {kTargetRole, 4, 5, "cpu2", "n2"}};
+  cfg.standbys = std::move(standbys);
+  return cfg;
+}
+
+}  // namespace
+
+TEST(FailoverPlan, MovesEveryStageOfTheLostNodeAndRewiresItsNeighbours) {
+  DeviceProfile prof;
+  prof.layer_s = 0.003;
+  HeadConfig cfg = three_stages({{"sb", "spare", prof, 2}, {"sb2", "spare2", std::nullopt, 1}});
+  auto alive = [](const std::string& n) { return n != "n1"; };
+  auto plan = plan_failover(cfg, "n1", alive, 7);
+  ASSERT_TRUE(plan);
+  EXPECT_EQ(plan->down, "n1");
+  EXPECT_EQ(plan->standby.device, "sb");
+  ASSERT_EQ(plan->replans.size(), 1u);
+  const Replan& r = plan->replans[0];
+  EXPECT_EQ(r.pipeline, kTargetRole);
+  EXPECT_EQ(r.layer_begin, 2);
+  EXPECT_EQ(r.layer_end, 4);
+  EXPECT_EQ(r.node, "spare");
+  EXPECT_EQ(r.upstream, "n0");
+  EXPECT_EQ(r.next_node, "n2");
+  EXPECT_EQ(r.epoch, 7u);
+  EXPECT_FALSE(r.done);
+  EXPECT_EQ(plan->notify, (std::vector<std::string>{"head", "n0", "n2", "spare", "spare2"}));
+  const PipelineRef& p = cfg.pipelines.at(kTargetRole);
+  EXPECT_EQ(p.nodes, (std::vector<std::string>{"n0", "spare", "n2"}));
+  EXPECT_EQ(p.first_node, "n0");
+  ASSERT_TRUE(p.price.stages[1].profile);
+  EXPECT_EQ(p.price.stages[1].threads, 2);
+  ASSERT_EQ(cfg.standbys.size(), 1u);
+  EXPECT_EQ(cfg.standbys[0].device, "sb2");
+
+  // The first stage: work now comes from the head to the standby.
+  auto first = plan_failover(cfg, "n0", [](const std::string& n) { return n != "n0"; }, 8);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->replans[0].upstream, "head");
+  EXPECT_EQ(first->replans[0].next_node, "spare");
+  EXPECT_EQ(cfg.pipelines.at(kTargetRole).first_node, "spare2");
+  // No standby left, a node without stages, a standby that is down itself: no plan.
+  EXPECT_FALSE(plan_failover(cfg, "n2", [](const std::string&) { return true; }, 9));
+  HeadConfig again = three_stages({{"sb", "spare", std::nullopt, 1}});
+  EXPECT_FALSE(plan_failover(again, "head", [](const std::string&) { return true; }, 1));
+  EXPECT_FALSE(plan_failover(again, "n2", [](const std::string& n) { return n != "spare" && n != "n2"; }, 1));
+  EXPECT_EQ(again.standbys.size(), 1u) << "a failed plan keeps its standby";
+}
+
+namespace {
+
+std::string tmpdir() {
+  static std::string dir = [] {
+    auto d = fs::temp_directory_path() / ("specmesh-failover-" + std::to_string(::getpid()));
+    fs::create_directories(d);
+    return d.string();
+  }();
+  return dir;
+}
+
+// head, stages on n0..n2 (one process each), and a standby device on `spare`: 3 ms per layer,
+// so 64 tokens take about a second.
+std::string write_topology(const std::string& model, bool standby, int index) {
+  const std::string dir = tmpdir() + "/" + std::to_string(index);
+  fs::create_directories(dir);
+  const std::string path = dir + "/failover.toml";
+  std::ofstream f(path);
+  f << "[run]\nmodel = \"m\"\nn_predict = 64\ntemperature = 0.0\n";
+  f << "[models.m]\npath = \"" << model << "\"\n";
+  f << "[nodes.head]\nendpoint = \"ipc://" << dir << "/head\"\nhead = true\n";
+  for (const char* n : {"n0", "n1", "n2", "spare"}) f << "[nodes." << n << "]\nendpoint = \"ipc://" << dir << "/" << n << "\"\n";
+  for (int i = 0; i < 3; ++i) f << "[devices.cpu" << i << "]\nnode = \"n" << i << "\"\nprofile = { layer_ms = 3.0 }\n";
+  if (standby) f << "[devices.standby]\nnode = \"spare\"\nstandby = true\nprofile = { layer_ms = 3.0 }\n";
+  f << "[[stages]]\ndevice = \"cpu0\"\nlayers = [0, 2]\n";
+  f << "[[stages]]\ndevice = \"cpu1\"\nlayers = [2, 4]\n";
+  f << "[[stages]]\ndevice = \"cpu2\"\nlayers = [4, 5]\n";
+  return path;
+}
+
+struct Killed {
+  GenerationResult result;
+  double paused_s = 0;  // longest gap between two tokens
+};
+
+// Generates 64 tokens and SIGKILLs node `victim` when the 10th arrives.
+Killed generate_and_kill(Runtime& rt, const std::string& config, const std::string& victim) {
+  pid_t pid = 0;
+  for (const auto& p : test::processes_running("node --config " + config))
+    if (p.cmdline.find("--name " + victim) != std::string::npos) pid = p.pid;
+  EXPECT_NE(pid, 0) << "no process for node " << victim;
+  int seen = 0;
+  auto last = std::chrono::steady_clock::now();
+  Killed k;
+  k.result = rt.generate({.prompt = "Once upon a time", .n_predict = 64, .ignore_eos = true},
+                         [&](int32_t, const std::string&) {
+                           const auto now = std::chrono::steady_clock::now();
+                           k.paused_s = std::max(k.paused_s, std::chrono::duration<double>(now - last).count());
+                           last = now;
+                           if (++seen == 10 && pid > 0) ::kill(pid, SIGKILL);
+                           return true;
+                         });
+  return k;
+}
+
+std::vector<int32_t> reference(const std::string& model) {
+  auto m = Model::load(model, "");
+  Context ctx(*m, {});
+  return greedy_ids(ctx, m->tokenizer().encode("Once upon a time", true), 64);
+}
+
+}  // namespace
+
+// Each stage of the three in turn is killed with SIGKILL after 10 tokens. With a standby the
+// generation completes with the ids of an undisturbed run; without one it ends with the
+// tokens so far and names the node. No node process is left behind either way.
+TEST(Failover, AKilledStageMovesToTheStandbyAndTheGenerationGoesOn) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string model = test::refdata("gguf-models/stories260K.gguf");
+  const auto want = reference(model);
+  int index = 0;
+  for (bool standby : {true, false})
+    for (const std::string victim : {"n0", "n1", "n2"}) {
+      SCOPED_TRACE(victim + (standby ? " with a standby" : " without a standby"));
+      const std::string config = write_topology(model, standby, index++);
+      Killed k;
+      {
+        Runtime rt(Topology::load(config), test::node_options(true));
+        k = generate_and_kill(rt, config, victim);
+      }
+      if (standby) {
+        EXPECT_TRUE(k.result.ok()) << k.result.error;
+        EXPECT_EQ(k.result.ids, want);
+        EXPECT_EQ(k.result.metrics.failovers, 1);
+        EXPECT_LT(k.paused_s, 2.0) << "the pause while the stage moved";
+        std::printf("failover of %s: longest pause %.0f ms\n", victim.c_str(), k.paused_s * 1e3);
+      } else {
+        EXPECT_FALSE(k.result.ok());
+        EXPECT_NE(k.result.error.find("node '" + victim + "' stopped answering"), std::string::npos) << k.result.error;
+        EXPECT_GE(k.result.ids.size(), 10u);
+        EXPECT_EQ(std::vector<int32_t>(want.begin(), want.begin() + long(k.result.ids.size())), k.result.ids);
+      }
+      EXPECT_TRUE(test::processes_running("node --config " + config).empty()) << "node processes left behind";
+    }
+}
