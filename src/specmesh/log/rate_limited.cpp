@@ -27,7 +27,7 @@ RateLimitedLog::RateLimitedLog(std::chrono::milliseconds interval, Sink sink)
 RateLimitedLog::Kind& RateLimitedLog::kind(std::string_view k) {
   auto it = kinds_.find(std::string(k));
   if (it != kinds_.end()) return it->second;
-  if (kinds_.size() >= kMaxKinds) return kinds_[kOverflowKind];
+  if (kinds_.size() >= kMaxKinds - 1) return kinds_[kOverflowKind];  // the overflow kind is the last
   return kinds_[std::string(k)];
 }
 
