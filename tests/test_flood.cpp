@@ -45,8 +45,8 @@ size_t line_count(const std::string& path) {
 struct Answers {
   std::mutex mu;
   std::map<uint64_t, std::vector<float>> logits;  // runs below kFloodBase: the normal generations
-  std::atomic<uint64_t> flood_logits{0}, flood_errors{0}, refusals{0}, other_errors{0};
-  std::string first_refusal, first_other_error;
+  std::atomic<uint64_t> flood_logits{0}, flood_errors{0}, refusals{0};
+  std::string first_refusal, first_other_error;  // guarded by mu
 };
 
 constexpr uint64_t kFloodBase = uint64_t(1) << 40;
@@ -62,14 +62,13 @@ caf::actor spawn_collector(caf::actor_system& sys, std::shared_ptr<Answers> a) {
         std::lock_guard<std::mutex> g(a->mu);
         a->logits[env.run_id] = l->logits.data.to_vector<float>();
       } else if (const auto* e = std::get_if<Error>(&env.payload)) {
-        const bool flood = env.run_id >= kFloodBase;
-        if (flood) ++a->flood_errors;
+        if (env.run_id >= kFloodBase) ++a->flood_errors;
+        const bool refusal = env.run_id >= kFloodBase && e->code == ErrorCode::invalid_request && e->peer == "stage0" &&
+                             e->message.find("too many runs in flight") != std::string::npos;
         std::lock_guard<std::mutex> g(a->mu);
-        if (flood && e->message.find("too many runs in flight") != std::string::npos) {
-          if (a->refusals++ == 0) a->first_refusal = e->message;
-        } else if (!flood || a->other_errors++ == 0) {
-          if (a->first_other_error.empty()) a->first_other_error = "run " + std::to_string(env.run_id) + ": " + e->message;
-        }
+        if (refusal && a->refusals++ == 0) a->first_refusal = e->message;
+        if (!refusal && a->first_other_error.empty())
+          a->first_other_error = "run " + std::to_string(env.run_id) + ": " + e->message;
       }
     }};
   });
@@ -77,10 +76,18 @@ caf::actor spawn_collector(caf::actor_system& sys, std::shared_ptr<Answers> a) {
 
 }  // namespace
 
+// Measured on this 2-core VM (stories260K, 2048 KV cells). Before the caps: 97965 error lines
+// (one per failed run, "KV cache full"), RSS 17 MiB before, 109 MiB at the peak and still 109
+// MiB after, no refusals. With them: 3-5 lines, ~97k refusals (Errors), RSS 17 MiB before,
+// 20-29 at the peak, 18.5-21 after, and the node generates as before.
 TEST(StageFlood, HundredThousandRunsAreRefusedQuietlyAndTheNodeRecovers) {
   SPECMESH_REQUIRE_REFDATA();
   const std::string dir = (fs::temp_directory_path() / ("specmesh-flood-" + std::to_string(::getpid()))).string();
   fs::create_directories(dir);
+  struct RemoveDir {
+    std::string dir;
+    ~RemoveDir() { fs::remove_all(dir); }
+  } remove_dir{dir};
   const std::string head_ep = "ipc://" + dir + "/head", stage_ep = "ipc://" + dir + "/stage0";
   const std::string config = dir + "/flood.toml", output = dir + "/stage0.out";
   std::ofstream(config) << "[run]\nmodel = \"stories\"\n\n[models.stories]\npath = \""
@@ -89,7 +96,7 @@ TEST(StageFlood, HundredThousandRunsAreRefusedQuietlyAndTheNodeRecovers) {
                         << "\"\n\n[devices.cpu0]\nnode = \"stage0\"\nthreads = 1\n\n[[stages]]\ndevice = \"cpu0\"\n"
                         << "layers = [0, 5]\n";
   const pid_t node = test::start_cli({"node", "--config", config, "--name", "stage0"}, output);
-  struct Stop {
+  struct Stop {  // declared after RemoveDir: the node is gone before its directory
     pid_t pid;
     ~Stop() {
       ::kill(pid, SIGKILL);
@@ -176,7 +183,7 @@ TEST(StageFlood, HundredThousandRunsAreRefusedQuietlyAndTheNodeRecovers) {
     const Envelope env = make_envelope(kFloodBase + i, std::move(r));
     while (!gw.send("stage0", env)) std::this_thread::sleep_for(1ms);
   }
-  const bool answered = test::wait_until([&] { return answers->flood_logits + answers->flood_errors >= kFlood; }, 60s);
+  const bool answered = test::wait_until([&] { return answers->flood_logits + answers->flood_errors >= kFlood; }, 30s);
   const double flood_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::this_thread::sleep_for(2500ms);  // the node settles: its last held-back lines, its heap trimmed
   sampling = false;
@@ -190,14 +197,20 @@ TEST(StageFlood, HundredThousandRunsAreRefusedQuietlyAndTheNodeRecovers) {
               answers->first_refusal.c_str(), answers->first_other_error.c_str());
 
   EXPECT_TRUE(answered) << "the node answered " << answers->flood_logits + answers->flood_errors << " of " << kFlood
-                        << " runs within 60 s";
+                        << " runs within 30 s";
   // Each run is answered once: logits, or an Error saying why not.
   EXPECT_EQ(answers->flood_logits + answers->flood_errors, kFlood);
   EXPECT_GT(answers->refusals.load(), kFlood / 2) << answers->first_other_error;
-  // At most one line per second per kind of complaint (refusals, failed runs, the gateway's).
+  // At most one line per second per kind of complaint (refused runs, failed runs, and room
+  // for the gateway's), over the flood and the settling after it.
   EXPECT_LE(double(flood_lines), 4 * (flood_s + 2)) << test::read_file(output).substr(0, 4000);
-  // The memory comes back: nothing of a refused run stays, queues that grew are released.
-  EXPECT_LE(after, baseline + 4096) << "baseline " << baseline << " KiB, peak " << peak << " KiB";
+  // The memory comes back: nothing of a refused run stays, queues that grew are released, the
+  // heap is trimmed. The 6 MiB margin is what a flood may leave that is not held work: code
+  // run for the first time (file-backed pages, ~0.3 MiB), and free memory at the top of the
+  // per-thread glibc arenas, which malloc_trim does not release and glibc keeps for reuse
+  // below its (dynamic) trim threshold: 1-2 MiB measured on an idle machine, up to 4 MiB
+  // while the rest of the suite runs. Before the caps the node kept ~90 MiB.
+  EXPECT_LE(after, baseline + 6 * 1024) << "baseline " << baseline << " KiB, peak " << peak << " KiB";
 
   // And the node serves on: the same tokens as before the flood.
   EXPECT_EQ(generate(8), before) << test::read_file(output).substr(0, 4000);
