@@ -75,6 +75,9 @@ struct Group {
 
 struct PairState {
   std::shared_ptr<Group> g;
+  RunAdmission admission;
+  int n_cells = 0;
+  bool settle_scheduled = false;
   ~PairState() {
     if (g) g->stopping = true;
   }
@@ -214,9 +217,10 @@ void step(Group& g, uint64_t run, const Batch& batch) {
   g.stats->layers_computed += n_layer;
 }
 
-void schedule_run(const std::shared_ptr<Group>& g, uint64_t run, RunStart meta) {
+// `place` is the run's admission: held by the job until it is done or dropped.
+void schedule_run(const std::shared_ptr<Group>& g, uint64_t run, RunStart meta, RunAdmission::PlacePtr place) {
   auto job = std::make_shared<DeviceJob>();
-  job->run = [g, run, meta = std::move(meta)](ThreadPool&) -> WorkCost {
+  job->run = [g, run, meta = std::move(meta), place = std::move(place)](ThreadPool&) -> WorkCost {
     if (g->cancelled.contains(run)) {
       ++g->stats->runs_cancelled;
       return {};
@@ -244,9 +248,9 @@ void schedule_run(const std::shared_ptr<Group>& g, uint64_t run, RunStart meta) 
   caf::anon_send(g->cfg.stage.device, compute_atom::value, std::move(job));
 }
 
-void schedule_kv_ops(const std::shared_ptr<Group>& g, uint64_t run, KvCacheOp ops) {
+void schedule_kv_ops(const std::shared_ptr<Group>& g, uint64_t run, KvCacheOp ops, RunAdmission::PlacePtr place) {
   auto job = std::make_shared<DeviceJob>();
-  job->run = [g, run, ops = std::move(ops)](ThreadPool&) -> WorkCost {
+  job->run = [g, run, ops = std::move(ops), place = std::move(place)](ThreadPool&) -> WorkCost {
     try {
       apply_kv_ops(g->ctx->kv(), ops.ops);
       // An emptied cache starts a new session: both groups go back to the first priorities.
@@ -260,6 +264,49 @@ void schedule_kv_ops(const std::shared_ptr<Group>& g, uint64_t run, KvCacheOp op
   caf::anon_send(g->cfg.stage.device, compute_atom::value, std::move(job));
 }
 
+// Runs and cache operations are admitted (admission.hpp) or refused on arrival, before group 0
+// passes them on to its partner.
+void handle(PairState& ps, const std::string& from, const Envelope& env) {
+  const std::shared_ptr<Group>& g = ps.g;
+  const StageConfig& sc = g->cfg.stage;
+  const uint64_t run = env.run_id;
+  auto admit = [&]() -> RunAdmission::PlacePtr {
+    auto place = ps.admission.admit(from);
+    if (!place) report_refusal(sc, *g->stats, run, too_many_runs(from, ps.admission.max_per_sender()));
+    return place;
+  };
+  if (const auto* s = std::get_if<AttentionSync>(&env.payload)) {
+    g->inbox.put(run, *s);
+  } else if (const auto* r = std::get_if<RunStart>(&env.payload)) {
+    if (std::string why = run_problem(*r, ps.n_cells); !why.empty()) return report_refusal(sc, *g->stats, run, why);
+    auto place = admit();
+    if (!place) return;
+    if (g->cfg.self == 0) {
+      RunStart fwd = *r;
+      fwd.pipeline = g->cfg.peer_pipeline;
+      sc.router->send(g->cfg.peer_node, make_envelope(run, std::move(fwd)));
+    }
+    schedule_run(g, run, *r, std::move(place));
+  } else if (const auto* k = std::get_if<KvCacheOp>(&env.payload)) {
+    if (std::string why = kv_ops_problem(k->ops); !why.empty())
+      return report_refusal(sc, *g->stats, run, "KV-cache operation refused: " + why);
+    auto place = admit();
+    if (!place) return;
+    if (g->cfg.self == 0) {
+      KvCacheOp fwd = *k;
+      fwd.pipeline = g->cfg.peer_pipeline;
+      sc.router->send(g->cfg.peer_node, make_envelope(run, std::move(fwd)));
+    }
+    schedule_kv_ops(g, run, *k, std::move(place));
+  } else if (const auto* c = std::get_if<Cancel>(&env.payload)) {
+    if (g->cfg.self == 0 && from != g->cfg.peer_node) sc.router->send(g->cfg.peer_node, env);
+    for (uint64_t id : c->run_ids) g->cancelled.add(id);
+  } else {
+    stage_log().log("ALSpec group on " + sc.self_node + ": ignored", spdlog::level::warn,
+                    "ALSpec group on " + sc.self_node + ": ignoring " + to_string(env.type()) + " from " + from);
+  }
+}
+
 }  // namespace
 
 caf::actor spawn_alspec_stage(caf::actor_system& sys, AlspecStageConfig cfg, std::shared_ptr<StageStats> stats) {
@@ -269,6 +316,7 @@ caf::actor spawn_alspec_stage(caf::actor_system& sys, AlspecStageConfig cfg, std
                                 std::to_string(cfg.stage.context.layer_begin) + ", " +
                                 std::to_string(cfg.stage.context.layer_end) + "))");
   if (!cfg.stage.tap_layers.empty()) throw std::invalid_argument("an ALSpec group does not tap hidden states");
+  RunAdmission admission(cfg.stage.max_runs_per_sender);  // throws for a cap below 1
   // Built here, not in the actor, so a cache that cannot be allocated is the caller's error.
   auto g = std::make_shared<Group>();
   g->cfg = std::move(cfg);
@@ -279,35 +327,18 @@ caf::actor spawn_alspec_stage(caf::actor_system& sys, AlspecStageConfig cfg, std
   cp.attention_layout = g->cfg.settings.spec.layout;
   g->ctx = std::make_shared<Context>(*g->cfg.stage.model, cp, &g->cfg.stage.device_state->pool());
   g->dev = std::make_unique<AlspecDevice>(*g->ctx, g->cfg.self, g->cfg.settings.spec);
-  return sys.spawn([g](caf::stateful_actor<PairState>* self) -> caf::behavior {
-    self->state.g = g;
+  return sys.spawn([g, admission](caf::stateful_actor<PairState>* self) -> caf::behavior {
+    auto& ps = self->state;
+    ps.g = g;
+    ps.admission = admission;
+    ps.n_cells = g->ctx->kv().n_cells();
     return {
         [self](const std::string& from, const Envelope& env) {
-          const std::shared_ptr<Group>& g = self->state.g;
-          const uint64_t run = env.run_id;
-          if (const auto* s = std::get_if<AttentionSync>(&env.payload)) {
-            g->inbox.put(run, *s);
-          } else if (const auto* r = std::get_if<RunStart>(&env.payload)) {
-            if (g->cfg.self == 0) {
-              RunStart fwd = *r;
-              fwd.pipeline = g->cfg.peer_pipeline;
-              g->cfg.stage.router->send(g->cfg.peer_node, make_envelope(run, std::move(fwd)));
-            }
-            schedule_run(g, run, *r);
-          } else if (const auto* k = std::get_if<KvCacheOp>(&env.payload)) {
-            if (g->cfg.self == 0) {
-              KvCacheOp fwd = *k;
-              fwd.pipeline = g->cfg.peer_pipeline;
-              g->cfg.stage.router->send(g->cfg.peer_node, make_envelope(run, std::move(fwd)));
-            }
-            schedule_kv_ops(g, run, *k);
-          } else if (const auto* c = std::get_if<Cancel>(&env.payload)) {
-            if (g->cfg.self == 0 && from != g->cfg.peer_node) g->cfg.stage.router->send(g->cfg.peer_node, env);
-            for (uint64_t id : c->run_ids) g->cancelled.add(id);
-          } else {
-            spdlog::warn("ALSpec group on {}: ignoring {} from {}", g->cfg.stage.self_node, to_string(env.type()), from);
-          }
+          auto& ps = self->state;
+          handle(ps, from, env);
+          if (!ps.settle_scheduled && stage_log().pending()) schedule_settle(self, ps.settle_scheduled);
         },
+        [self](settle_atom) { on_settle(self, self->state.settle_scheduled); },
     };
   });
 }

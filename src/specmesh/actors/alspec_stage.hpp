@@ -44,7 +44,9 @@ struct AlspecStageConfig {
   std::chrono::milliseconds peer_timeout{10000};
 };
 
-// Takes (from, Envelope) messages carrying RunStart, KvCacheOp, Cancel or AttentionSync.
+// Takes (from, Envelope) messages carrying RunStart, KvCacheOp, Cancel or AttentionSync; runs
+// and cache operations it cannot take are refused on arrival as a plain stage does
+// (admission.hpp, StageConfig::max_runs_per_sender).
 // Throws std::invalid_argument when the stage does not hold every layer or asks for taps.
 caf::actor spawn_alspec_stage(caf::actor_system& sys, AlspecStageConfig cfg, std::shared_ptr<StageStats> stats);
 

@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <chrono>
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
@@ -64,15 +68,52 @@ ForwardOutput paced_forward(Context& ctx, const StageConfig& cfg, const CancelSe
   }
 }
 
+namespace {
+
+std::string stage_name(const StageConfig& cfg) {
+  return "stage " + cfg.pipeline + "[" + std::to_string(cfg.context.layer_begin) + "," +
+         std::to_string(cfg.context.layer_end) + ") on " + cfg.self_node;
+}
+
+}  // namespace
+
+RateLimitedLog& stage_log() {
+  static RateLimitedLog log;
+  return log;
+}
+
+void schedule_settle(caf::event_based_actor* self, bool& scheduled) {
+  if (scheduled) return;
+  scheduled = true;
+  self->delayed_send(self, std::chrono::seconds(1), settle_atom::value);
+}
+
+void on_settle(caf::event_based_actor* self, bool& scheduled) {
+  scheduled = false;
+  stage_log().flush();
+#ifdef __GLIBC__
+  ::malloc_trim(0);
+#endif
+  if (stage_log().pending()) schedule_settle(self, scheduled);
+}
+
 void report_error(const StageConfig& cfg, uint64_t run, const std::string& what) {
-  spdlog::error("stage {}[{},{}) on {}: run {}: {}", cfg.pipeline, cfg.context.layer_begin, cfg.context.layer_end,
-                cfg.self_node, run, what);
+  const std::string who = stage_name(cfg);
+  stage_log().log(who + ": run failed", spdlog::level::err, who + ": run " + std::to_string(run) + ": " + what);
+  cfg.router->send(cfg.head_node, make_envelope(run, Error{ErrorCode::invalid_request, cfg.self_node, what}));
+}
+
+void report_refusal(const StageConfig& cfg, StageStats& stats, uint64_t run, const std::string& what) {
+  ++stats.runs_refused;
+  const std::string who = stage_name(cfg);
+  stage_log().log(who + ": run refused", spdlog::level::warn, who + ": refused run " + std::to_string(run) + ": " + what);
+  // To the head, like every stage error: it launched the run, whoever passed it on.
   cfg.router->send(cfg.head_node, make_envelope(run, Error{ErrorCode::invalid_request, cfg.self_node, what}));
 }
 
 void apply_kv_ops(KvCache& kv, const std::vector<KvOp>& ops) {
+  if (std::string why = kv_ops_problem(ops); !why.empty()) throw std::invalid_argument(why);
   for (const KvOp& op : ops) {
-    if (op.seq >= kMaxSeqs || op.dst_seq >= kMaxSeqs) throw std::invalid_argument("sequence id out of range");
     switch (op.kind) {
       case KvOpKind::copy: kv.seq_cp(op.seq, op.dst_seq, op.pos_begin, op.pos_end); break;
       case KvOpKind::remove: kv.seq_rm(op.seq, op.pos_begin, op.pos_end); break;
@@ -88,6 +129,9 @@ struct StageState {
   std::shared_ptr<Context> ctx;
   std::shared_ptr<CancelSet> cancelled = std::make_shared<CancelSet>();
   std::shared_ptr<StageStats> stats;
+  RunAdmission admission;
+  int n_cells = 0;
+  bool settle_scheduled = false;
 };
 
 // Sends the tapped layers this pass computed (captured[i] is tap_layers[i], empty when that
@@ -115,10 +159,12 @@ void send_taps(const StageConfig& cfg, uint64_t run, const RunStart& meta, Forwa
 }
 
 // Queues the forward pass of one run on the device; the job sends the result on itself.
-void schedule_forward(StageState& st, uint64_t run, RunStart meta, std::optional<Tensor> hidden_in) {
+// `place` is the run's admission: held by the job until it is done or dropped.
+void schedule_forward(StageState& st, uint64_t run, RunStart meta, std::optional<Tensor> hidden_in,
+                      RunAdmission::PlacePtr place) {
   auto job = std::make_shared<DeviceJob>();
   job->run = [ctx = st.ctx, cfg = st.cfg, cancelled = st.cancelled, stats = st.stats, run, meta = std::move(meta),
-              hidden_in = std::move(hidden_in)](ThreadPool&) -> WorkCost {
+              hidden_in = std::move(hidden_in), place = std::move(place)](ThreadPool&) -> WorkCost {
     if (cancelled->contains(run)) {
       ++stats->runs_cancelled;
       return {};
@@ -169,9 +215,9 @@ void schedule_forward(StageState& st, uint64_t run, RunStart meta, std::optional
   caf::anon_send(st.cfg.device, compute_atom::value, std::move(job));
 }
 
-void schedule_kv_ops(StageState& st, uint64_t run, KvCacheOp ops) {
+void schedule_kv_ops(StageState& st, uint64_t run, KvCacheOp ops, RunAdmission::PlacePtr place) {
   auto job = std::make_shared<DeviceJob>();
-  job->run = [ctx = st.ctx, cfg = st.cfg, run, ops = std::move(ops)](ThreadPool&) -> WorkCost {
+  job->run = [ctx = st.ctx, cfg = st.cfg, run, ops = std::move(ops), place = std::move(place)](ThreadPool&) -> WorkCost {
     try {
       apply_kv_ops(ctx->kv(), ops.ops);
       // Cache operations travel down the pipeline in order with the runs.
@@ -188,6 +234,36 @@ void schedule_kv_ops(StageState& st, uint64_t run, KvCacheOp ops) {
   caf::anon_send(st.cfg.device, compute_atom::value, std::move(job));
 }
 
+// Work is admitted (admission.hpp) or refused here, on arrival: a refused run costs an Error
+// and a count, never a queued job or a cache cell.
+void handle(StageState& st, const std::string& from, const Envelope& env) {
+  const uint64_t run = env.run_id;
+  auto admit = [&]() -> RunAdmission::PlacePtr {
+    auto place = st.admission.admit(from);
+    if (!place) report_refusal(st.cfg, *st.stats, run, too_many_runs(from, st.admission.max_per_sender()));
+    return place;
+  };
+  if (const auto* r = std::get_if<RunStart>(&env.payload)) {
+    if (std::string why = run_problem(*r, st.n_cells); !why.empty()) return report_refusal(st.cfg, *st.stats, run, why);
+    if (auto place = admit()) schedule_forward(st, run, *r, std::nullopt, std::move(place));
+  } else if (const auto* a = std::get_if<Activations>(&env.payload)) {
+    if (a->tensors.empty())
+      return report_refusal(st.cfg, *st.stats, run, "activations without a hidden-state tensor");
+    if (std::string why = run_problem(a->batch, st.n_cells); !why.empty())
+      return report_refusal(st.cfg, *st.stats, run, why);
+    if (auto place = admit()) schedule_forward(st, run, a->batch, a->tensors[0], std::move(place));
+  } else if (const auto* k = std::get_if<KvCacheOp>(&env.payload)) {
+    if (std::string why = kv_ops_problem(k->ops); !why.empty())
+      return report_refusal(st.cfg, *st.stats, run, "KV-cache operation refused: " + why);
+    if (auto place = admit()) schedule_kv_ops(st, run, *k, std::move(place));
+  } else if (const auto* c = std::get_if<Cancel>(&env.payload)) {
+    for (uint64_t id : c->run_ids) st.cancelled->add(id);
+  } else {
+    stage_log().log(stage_name(st.cfg) + ": ignored", spdlog::level::warn,
+                    "stage on " + st.cfg.self_node + ": ignoring " + to_string(env.type()) + " from " + from);
+  }
+}
+
 }  // namespace
 
 caf::actor spawn_stage(caf::actor_system& sys, StageConfig cfg, std::shared_ptr<StageStats> stats) {
@@ -200,6 +276,9 @@ caf::actor spawn_stage(caf::actor_system& sys, StageConfig cfg, std::shared_ptr<
     throw std::invalid_argument("hidden-state taps need a tap_node to send them to");
   if (cfg.tap_dtype != WireDType::f32 && cfg.tap_dtype != WireDType::f16)
     throw std::invalid_argument(std::string("tap_dtype ") + to_string(cfg.tap_dtype) + ": expected f32 or f16");
+  if (cfg.max_runs_per_sender < 1)
+    throw std::invalid_argument("max_runs_per_sender must be at least 1 (got " + std::to_string(cfg.max_runs_per_sender) +
+                                ")");
   std::sort(cfg.tap_layers.begin(), cfg.tap_layers.end());
   cfg.tap_layers.erase(std::unique(cfg.tap_layers.begin(), cfg.tap_layers.end()), cfg.tap_layers.end());
   // The context keeps only the taps inside its own range; the others stay empty in captured.
@@ -211,24 +290,16 @@ caf::actor spawn_stage(caf::actor_system& sys, StageConfig cfg, std::shared_ptr<
     st.cfg = cfg;
     st.stats = stats;
     st.ctx = ctx;
+    st.admission = RunAdmission(cfg.max_runs_per_sender);
+    st.n_cells = ctx->kv().n_cells();
     return {
         [self](const std::string& from, const Envelope& env) {
           auto& st = self->state;
-          const uint64_t run = env.run_id;
-          if (const auto* r = std::get_if<RunStart>(&env.payload)) {
-            schedule_forward(st, run, *r, std::nullopt);
-          } else if (const auto* a = std::get_if<Activations>(&env.payload)) {
-            if (a->tensors.empty()) return report_error(st.cfg, run, "activations without a hidden-state tensor");
-            schedule_forward(st, run, a->batch, a->tensors[0]);
-          } else if (const auto* k = std::get_if<KvCacheOp>(&env.payload)) {
-            schedule_kv_ops(st, run, *k);
-          } else if (const auto* c = std::get_if<Cancel>(&env.payload)) {
-            for (uint64_t id : c->run_ids) st.cancelled->add(id);
-          } else {
-            spdlog::warn("stage on {}: ignoring {} from {}", st.cfg.self_node, to_string(env.type()), from);
-          }
+          handle(st, from, env);
+          if (!st.settle_scheduled && stage_log().pending()) schedule_settle(self, st.settle_scheduled);
         },
         [self](retarget_atom, const std::string& next_node) { self->state.cfg.next_node = next_node; },
+        [self](settle_atom) { on_settle(self, self->state.settle_scheduled); },
     };
   });
 }

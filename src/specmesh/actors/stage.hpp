@@ -13,11 +13,14 @@
 #include <caf/actor.hpp>
 #include <caf/atom.hpp>
 
+#include "specmesh/actors/admission.hpp"
+#include "specmesh/log/rate_limited.hpp"
 #include "specmesh/transport/router.hpp"
 #include "specmesh/model/context.hpp"
 
 namespace caf {
 class actor_system;
+class event_based_actor;
 }
 
 namespace specmesh {
@@ -63,6 +66,10 @@ struct StageConfig {
   std::vector<int> tap_layers;
   std::string tap_node;
   WireDType tap_dtype = WireDType::f32;  // f32 (exact) or f16 (half the bytes, rounded)
+  // Runs (run starts, activations, cache operations) one peer may have queued or running on
+  // this stage; more are refused at once, each with an Error to the head (see admission.hpp
+  // for the default and why).
+  int max_runs_per_sender = kDefaultMaxRunsPerSender;
   caf::actor device;                // device actor that runs the jobs
   std::shared_ptr<class Device> device_state;
   std::shared_ptr<Router> router;
@@ -73,14 +80,18 @@ struct StageStats {
   std::atomic<uint64_t> runs{0};
   std::atomic<uint64_t> layers_computed{0};
   std::atomic<uint64_t> runs_cancelled{0};
+  std::atomic<uint64_t> runs_refused{0};  // refused on arrival (too many in flight, or not computable)
 };
 
 using retarget_atom = caf::atom_constant<caf::atom("retarget")>;
 
 // The stage actor takes (const std::string& from, const Envelope&) messages carrying
 // RunStart, Activations, KvCacheOp or Cancel, and (retarget_atom, node): send the output of
-// the runs scheduled from now on to `node` (failover moved the next stage there). Throws std::invalid_argument for taps of layers
-// the model does not have, taps without a tap_node, or a tap_dtype other than f32 or f16.
+// the runs scheduled from now on to `node` (failover moved the next stage there). What it
+// cannot take (admission.hpp) it refuses on arrival with an Error to the head; it never queues
+// a job or claims a cache cell for it. Throws std::invalid_argument for taps of layers the
+// model does not have, taps without a tap_node, a tap_dtype other than f32 or f16, or
+// max_runs_per_sender below 1.
 caf::actor spawn_stage(caf::actor_system& sys, StageConfig cfg, std::shared_ptr<StageStats> stats);
 
 // Applies cache operations in order (llama.cpp sequence semantics); throws
@@ -93,8 +104,21 @@ void apply_kv_ops(KvCache& kv, const std::vector<KvOp>& ops);
 ForwardOutput paced_forward(Context& ctx, const StageConfig& cfg, const CancelSet& cancelled, StageStats& stats,
                             uint64_t run, const Batch& batch, const float* hidden_in = nullptr);
 
-// Logs a run's failure and tells the head (Error, invalid_request).
+// Logs a run's failure and tells the head (Error, invalid_request). The log line goes through
+// stage_log() (at most one line per second per stage and kind), the Error always.
 void report_error(const StageConfig& cfg, uint64_t run, const std::string& what);
+// The same for a run refused on arrival; counted in `stats`.
+void report_refusal(const StageConfig& cfg, StageStats& stats, uint64_t run, const std::string& what);
+
+// The log stages write repeated complaints to, one per process.
+RateLimitedLog& stage_log();
+// After a burst of complaints (a flood): a stage actor that handled a message while lines were
+// held back calls schedule_settle; a second later on_settle reports the held-back lines, gives
+// the heap memory freed since back to the system (glibc keeps it otherwise), and schedules
+// itself again while lines remain held back.
+using settle_atom = caf::atom_constant<caf::atom("settle")>;
+void schedule_settle(caf::event_based_actor* self, bool& scheduled);
+void on_settle(caf::event_based_actor* self, bool& scheduled);
 
 // Conversions between the wire batch and the model's batch.
 Batch to_batch(const RunStart& r);

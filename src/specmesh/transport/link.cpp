@@ -1,5 +1,6 @@
 #include "specmesh/transport/link.hpp"
 
+#include "specmesh/log/rate_limited.hpp"
 #include "specmesh/transport/endpoint.hpp"
 
 #include <spdlog/spdlog.h>
@@ -257,6 +258,12 @@ void Links::wake() {
   (void)!::write(wake_fd_, &one, sizeof one);
 }
 
+// Messages parked per link and channel before send() refuses more: a peer that stops reading
+// (or a flood of replies to one) cannot make this process queue without end. A pipeline keeps
+// at most a few thousand messages in flight towards one peer; ZeroMQ itself holds its
+// high-water mark (1000) before anything is parked.
+constexpr std::size_t kMaxPending = 65536;
+
 bool Links::send(const std::string& peer, Envelope env) {
   auto it = index_.find(peer);
   if (it == index_.end()) {
@@ -272,6 +279,13 @@ bool Links::send(const std::string& peer, Envelope env) {
     std::lock_guard<std::mutex> g(l.mu);
     was_empty = l.pending[ch].empty();
     if (was_empty && cfg_.send_from_caller && try_send(l, ch, env)) return true;
+    if (l.pending[ch].size() >= kMaxPending) {
+      static RateLimitedLog full_log;
+      full_log.log(peer, spdlog::level::warn,
+                   "gateway '" + cfg_.node + "': " + std::to_string(kMaxPending) + " messages wait for '" + peer +
+                       "' on " + channel_name(ch) + " channel; " + to_string(env.type()) + " not sent");
+      return false;
+    }
     l.pending[ch].push_back(std::move(env));
   }
   // A non-empty queue is already in the I/O thread's poll set.
@@ -289,6 +303,8 @@ void Links::flush_pending(Link& l, int ch) {
   std::lock_guard<std::mutex> g(l.mu);
   auto& p = l.pending[ch];
   while (!p.empty() && try_send(l, ch, p.front())) p.pop_front();
+  // A drained deque keeps its map, sized for the longest backlog it held: start afresh.
+  if (p.empty()) std::deque<Envelope>().swap(p);
 }
 
 void Links::flush_all_pending() {
