@@ -73,6 +73,7 @@ struct Attack {
   std::string name;
   // One volley: what the intruder sends, again and again, while the generation runs.
   std::function<void(Gateway&, uint64_t volley)> send;
+  int every_ms = 3;
 };
 
 Tensor f32(std::vector<int64_t> shape, float v) {
@@ -115,6 +116,19 @@ std::vector<Attack> role_attacks() {
   a.push_back({"forged error", [](Gateway& gw, uint64_t v) {
                  gw.send("head", make_envelope(v, Error{ErrorCode::invalid_request, "n1", "forged"}));
                }});
+  // 16 MiB in one frame, where the largest a stories260K pipeline ever sends is 512 KiB
+  // (256 rows of 512 logits): ZeroMQ drops the sender's connection before buffering it.
+  a.push_back({"oversized frame",
+               [](Gateway& gw, uint64_t v) {
+                 Activations act;
+                 act.pipeline = "target";
+                 act.layer = 3;
+                 act.batch = RunStart{"target", {1}, {int32_t(v % 8)}, {1}, {1}, {}, false};
+                 act.tensors.push_back(f32({1, 4 << 20}, 0.5f));
+                 gw.send("n1", make_envelope(3000 + v, act));
+                 gw.send("head", make_envelope(3000 + v, act));
+               },
+               100});
   return a;
 }
 
@@ -129,7 +143,7 @@ Outcome attacked_generation(Runtime& rt, Gateway& intruder, const Attack& attack
   std::thread volleys([&] {
     for (uint64_t v = 1; !done.load(); ++v) {
       attack.send(intruder, v);
-      std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      std::this_thread::sleep_for(std::chrono::milliseconds(attack.every_ms));
     }
   });
   auto gen = rt.submit({.prompt = kPrompt, .n_predict = kTokens, .ignore_eos = true});

@@ -33,6 +33,16 @@ void resolve_layers(Topology& topo, ModelCache& models) {
     topo.resolve_layers(role, models.get(topo.models.at(model))->hparams().n_layer);
 }
 
+int64_t max_frame_bytes(const Topology& topo, ModelCache& models) {
+  int64_t widest = 0;
+  for (const auto& [role, model] : topo.role_models()) {
+    const HParams& hp = models.get(topo.models.at(model))->hparams();
+    widest = std::max<int64_t>(widest, std::max(hp.n_embd, hp.n_vocab));
+  }
+  const int64_t bound = (int64_t{1} << 20) + 4 * kMaxRunRows * widest * int64_t(sizeof(float));
+  return std::min<int64_t>(bound, int64_t{1} << 31);
+}
+
 NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::string& node, ModelCache& models)
     : name_(node) {
   const NodeSpec& self = topo.nodes.at(node);
@@ -41,6 +51,7 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
   gc.bind = self.endpoint;
   for (const auto& [n, spec] : topo.nodes)
     if (n != node) gc.peers[n] = spec.endpoint;
+  gc.max_message_bytes = max_frame_bytes(topo, models);
   gateway_ = std::make_unique<Gateway>(gc);
   router_ = std::make_shared<Router>(node, gateway_.get(), topo.link);
 
@@ -239,6 +250,7 @@ HeadConfig head_config(const Topology& topo, ModelCache& models, std::shared_ptr
     }
     hc.pipelines[role] = std::move(p);
   }
+  hc.n_batch = int(kMaxRunRows);
   hc.head_node = topo.head_node;
   for (const auto& [n, spec] : topo.nodes) hc.nodes.push_back(n);
   for (const auto& [role, model] : topo.role_models())

@@ -87,6 +87,13 @@ class NodeHost {
   caf::actor head_;
 };
 
+// The largest frame a node of `topo` accepts: a run carries at most kMaxRunRows rows (the
+// head's batch size), a frame at most one f32 row of the widest model dimension (hidden
+// state or logits) per row; four times that plus 1 MiB leaves room without letting a peer
+// make a node buffer gigabytes. Larger frames make ZeroMQ drop the sender's connection.
+inline constexpr int64_t kMaxRunRows = 256;
+int64_t max_frame_bytes(const Topology& topo, ModelCache& models);
+
 // The head's configuration for a topology (strategy, pipelines, sampling, parameters).
 HeadConfig head_config(const Topology& topo, ModelCache& models, std::shared_ptr<Router> router);
 
