@@ -7,8 +7,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -74,15 +72,6 @@ std::string printable(const void* data, std::size_t n) {
   auto p = static_cast<const unsigned char*>(data);
   for (std::size_t i = 0; i < n && i < 64; ++i) s += (p[i] >= 0x20 && p[i] < 0x7f) ? char(p[i]) : '?';
   return s;
-}
-
-// Literal addresses only: ZeroMQ binds interface names and addresses, never DNS names.
-bool is_loopback_host(std::string h) {
-  if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
-  in_addr v4{};
-  if (::inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  in6_addr v6{};
-  return ::inet_pton(AF_INET6, h.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
 bool is_tcp(const std::string& ep) { return ep.rfind("tcp://", 0) == 0; }
@@ -200,8 +189,8 @@ Links::Links(const GatewayConfig& cfg) : cfg_(cfg), session_(random_session()) {
   }
   std::string peers;
   for (auto& [name, ep] : cfg_.peers) peers += (peers.empty() ? "" : ", ") + name + "=" + ep;
-  spdlog::info("gateway '{}': data {} control {}, peers [{}]", cfg_.node, endpoint_[kData], endpoint_[kControl],
-               peers);
+  spdlog::info("gateway '{}': data {} control {}, peers [{}]{}", cfg_.node, endpoint_[kData], endpoint_[kControl],
+               peers, cfg_.curve ? ", CURVE on tcp" : "");
 }
 
 void Links::open() {
