@@ -2,11 +2,14 @@
 // kind of bad peer (no keys, unknown keys, a wrong server key, another node's key under a
 // borrowed name) delivers nothing, leaves a running exchange alone and shows up in the
 // gateway's stats; bad key files and unsafe settings are refused with errors that name them.
+#include "specmesh/runtime/keys.hpp"
 #include "specmesh/transport/curve.hpp"
 #include "specmesh/transport/gateway.hpp"
 #include "specmesh/transport/ipc_dir.hpp"
 
 #include "actor_harness.hpp"
+#include "processes.hpp"
+#include "refdata.hpp"
 
 #include <gtest/gtest.h>
 #include <zmq.hpp>
@@ -386,6 +389,213 @@ TEST(IpcDir, SharedOrForeignDirectoriesAreRefusedByName) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("/open"), std::string::npos) << e.what();
   }
+}
+
+
+// --- keys in the topology ---------------------------------------------------------------
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+const std::string kTcpNodes =
+    "[models.m]\npath = \"m.gguf\"\n[run]\n"                     // lines 1-3
+    "[nodes.head]\nendpoint = \"tcp://127.0.0.1:47310\"\nhead = true\n"  // 4-6
+    "[nodes.n0]\nendpoint = \"tcp://127.0.0.1:47320\"\n"              // 7-8
+    "[devices.d]\nnode = \"n0\"\n";                                  // 9-10
+
+TEST(TopologySecurity, SecurityTableParsesWithLinesAndResolvesTheKeyDirectory) {
+  Topology t = Topology::parse(kTcpNodes + "[security]\nkeys = \"k\"\nallow_remote = true\n", "t.toml", "/base");
+  EXPECT_EQ(t.security.keys, "/base/k");
+  EXPECT_TRUE(t.security.allow_remote);
+  EXPECT_EQ(t.lines.at("security.keys"), 12);
+  EXPECT_EQ(t.lines.at("nodes.n0.endpoint"), 8);
+  EXPECT_EQ(Topology::parse(kTcpNodes, "t.toml", "/base").security.keys, "");
+  EXPECT_EQ(message_of([] { Topology::parse(kTcpNodes + "[security]\nkeyz = \"k\"\n", "t.toml", "/"); }),
+            "t.toml:12: security.keyz: unknown key");
+  EXPECT_EQ(message_of([] { Topology::parse(kTcpNodes + "[security]\nkeys = \"\"\n", "t.toml", "/"); }),
+            "t.toml:12: security.keys: must name a directory");
+  EXPECT_EQ(message_of([] { Topology::parse(kTcpNodes + "[security]\nallow_remote = 1\n", "t.toml", "/"); }),
+            "t.toml:12: security.allow_remote: expected true or false");
+}
+
+TEST(TopologySecurity, TcpWithoutKeysIsAConfigErrorThatSuggestsKeygen) {
+  const Topology t = Topology::parse(kTcpNodes, "t.toml", "/");
+  const std::string m = message_of([&] { check_security(t, {"n0"}); });
+  EXPECT_EQ(m.rfind("t.toml:8: security.keys: missing: node 'n0' uses tcp://", 0), 0u) << m;
+  EXPECT_NE(m.find("specmesh keygen --topology t.toml"), std::string::npos) << m;
+  EXPECT_NE(message_of([&] { (void)node_curve(t, "n0"); }).find("security.keys: missing"), std::string::npos);
+  // ipc and inproc topologies need none.
+  const Topology ipc = Topology::parse("[models.m]\npath = \"m.gguf\"\n[run]\n[nodes.h]\nendpoint = \"ipc:///x/h\"\nhead = true\n",
+                                       "t.toml", "/");
+  EXPECT_NO_THROW(check_security(ipc, {"h"}));
+  EXPECT_FALSE(node_curve(ipc, "h"));
+}
+
+TEST(TopologySecurity, AllowRemoteNeedsKeysAndNonLoopbackNeedsAllowRemote) {
+  const Topology no_keys = Topology::parse(kTcpNodes + "[security]\nallow_remote = true\n", "t.toml", "/");
+  EXPECT_EQ(message_of([&] { check_security(no_keys, {}); }).rfind("t.toml:12: security.allow_remote: listening beyond "
+                                                                  "loopback is allowed only with CURVE keys", 0),
+            0u);
+  std::string remote = kTcpNodes;
+  remote.replace(remote.find("127.0.0.1:47320"), 9, "10.9.8.7");
+  Topology t = Topology::parse(remote + "[security]\nkeys = \"k\"\n", "t.toml", "/");
+  EXPECT_NO_THROW(check_security(t, {"head"})) << "only the nodes this process hosts bind";
+  EXPECT_EQ(message_of([&] { check_security(t, {"n0"}); }),
+            "t.toml:8: nodes.n0.endpoint: 'tcp://10.9.8.7:47320' is not a loopback address (127.x.x.x or [::1]); to "
+            "listen on other interfaces set allow_remote = true in [security] (or pass --allow-remote), with CURVE keys");
+  t.security.allow_remote = true;
+  EXPECT_NO_THROW(check_security(t, {"n0"}));
+}
+
+struct KeyDir {
+  std::string path;
+  KeyDir() {
+    char tmpl[] = "/tmp/specmesh-keys-test-XXXXXX";
+    if (!::mkdtemp(tmpl)) throw std::runtime_error("mkdtemp");
+    path = tmpl;
+  }
+  ~KeyDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// Runs the specmesh binary; its exit status and what it printed.
+std::pair<int, std::string> specmesh_cli(const std::vector<std::string>& args, const std::string& log) {
+  const pid_t p = start_cli(args, log);
+  const auto st = test::wait_exit(p, 10000ms);
+  if (!st) {
+    ::kill(p, SIGKILL);
+    ::waitpid(p, nullptr, 0);
+  }
+  return {st.value_or(-1), test::read_file(log)};
+}
+
+TEST(Keygen, WritesZcertFilesWithPrivateSecretsAndRefusesToOverwrite) {
+  KeyDir d;
+  const std::string keys = d.path + "/new/keys";
+  auto [rc, out] = specmesh_cli({"keygen", keys, "head", "stage0"}, d.path + "/keygen.log");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(mode_of(keys), 0700u);
+  for (const std::string n : {"head", "stage0"}) {
+    const std::string pub = keys + "/" + n + ".key", sec = keys + "/" + n + ".key_secret";
+    EXPECT_NE(out.find(pub), std::string::npos) << out;
+    EXPECT_EQ(mode_of(pub), 0644u);
+    EXPECT_EQ(mode_of(sec), 0600u);
+    const std::string pub_text = read_file(pub), sec_text = read_file(sec);
+    EXPECT_NE(pub_text.find("curve\n    public-key = \""), std::string::npos) << pub_text;
+    EXPECT_NE(pub_text.find("name = \"" + n + "\""), std::string::npos) << pub_text;
+    EXPECT_EQ(pub_text.find("secret-key"), std::string::npos) << "the public file holds the secret";
+    EXPECT_NE(sec_text.find("    secret-key = \""), std::string::npos) << sec_text;
+    const CurveKeyPair k = read_secret_key(sec);
+    EXPECT_EQ(read_public_key(pub), k.public_key);
+    EXPECT_EQ(curve_public_of(k.secret_key), k.public_key);
+  }
+  EXPECT_NE(read_public_key(keys + "/head.key"), read_public_key(keys + "/stage0.key"));
+  const std::string before = read_public_key(keys + "/head.key");
+  auto [rc2, out2] = specmesh_cli({"keygen", keys, "head"}, d.path + "/again.log");
+  EXPECT_EQ(rc2, 1);
+  EXPECT_NE(out2.find(keys + "/head.key_secret: exists; pass --force"), std::string::npos) << out2;
+  EXPECT_EQ(read_public_key(keys + "/head.key"), before);
+  auto [rc3, out3] = specmesh_cli({"keygen", keys, "head", "--force"}, d.path + "/force.log");
+  EXPECT_EQ(rc3, 0) << out3;
+  EXPECT_NE(read_public_key(keys + "/head.key"), before);
+  auto [rc4, out4] = specmesh_cli({"keygen", keys, "../escape"}, d.path + "/escape.log");
+  EXPECT_EQ(rc4, 1);
+  EXPECT_NE(out4.find("cannot name a key file"), std::string::npos) << out4;
+}
+
+TEST(Keygen, TopologyOptionMakesKeysForEveryNodeIntoItsKeyDirectory) {
+  KeyDir d;
+  const std::string topo = d.path + "/t.toml";
+  std::ofstream(topo) << kTcpNodes << "[security]\nkeys = \"keys\"\n";
+  auto [rc, out] = specmesh_cli({"keygen", "--topology", topo}, d.path + "/keygen.log");
+  ASSERT_EQ(rc, 0) << out;
+  const Topology t = Topology::load(topo);
+  const auto head = node_curve(t, "head");
+  ASSERT_TRUE(head);
+  EXPECT_EQ(head->peer_keys.at("n0"), read_public_key(d.path + "/keys/n0.key"));
+  EXPECT_EQ(head->public_key, read_public_key(d.path + "/keys/head.key"));
+  // Without [security] keys it needs a directory.
+  std::ofstream(topo) << kTcpNodes;
+  auto [rc2, out2] = specmesh_cli({"keygen", "--topology", topo}, d.path + "/nodir.log");
+  EXPECT_EQ(rc2, 1);
+  EXPECT_NE(out2.find(topo + ": security.keys: not set"), std::string::npos) << out2;
+}
+
+TEST(Keygen, BadKeyFilesAreRefusedByPath) {
+  KeyDir d;
+  write_node_keys(d.path, "a");
+  write_node_keys(d.path, "b");
+  const std::string pub = d.path + "/a.key", sec = d.path + "/a.key_secret";
+  EXPECT_EQ(message_of([&] { read_public_key(d.path + "/nobody.key"); })
+                .rfind(d.path + "/nobody.key: cannot read the public key file", 0),
+            0u);
+  std::ofstream(d.path + "/bad.key") << "# comment\ncurve\n    public-key = \"tooshort\"\n";
+  EXPECT_EQ(message_of([&] { read_public_key(d.path + "/bad.key"); }),
+            d.path + "/bad.key:3: public-key: not a Z85 CURVE key (40 characters)");
+  std::ofstream(d.path + "/empty.key") << "metadata\n";
+  EXPECT_NE(message_of([&] { read_public_key(d.path + "/empty.key"); }).find("empty.key: no public-key"),
+            std::string::npos);
+  ::chmod(sec.c_str(), 0640);
+  EXPECT_EQ(message_of([&] { read_secret_key(sec); }),
+            sec + ": the secret key file is accessible by group or others (mode 0640); chmod 600 " + sec);
+  ::chmod(sec.c_str(), 0600);
+  // A secret file whose public key is another node's.
+  std::string text = read_file(sec);
+  const std::string a_pub = read_public_key(pub), b_pub = read_public_key(d.path + "/b.key");
+  text.replace(text.find(a_pub), a_pub.size(), b_pub);
+  { std::ofstream(sec) << text; }
+  EXPECT_EQ(message_of([&] { read_secret_key(sec); }), sec + ": public-key does not belong to secret-key");
+  // A node's public file that does not match its secret: the others would refuse it.
+  write_node_keys(d.path, "a", true);
+  write_node_keys(d.path, "c");
+  std::filesystem::copy_file(d.path + "/c.key", pub, fs::copy_options::overwrite_existing);
+  Topology t = Topology::parse(kTcpNodes, "t.toml", "/");
+  t.nodes = {{"a", {"a", "tcp://127.0.0.1:1000", true}}, {"b", {"b", "tcp://127.0.0.1:1002", false}}};
+  t.security.keys = d.path;
+  EXPECT_NE(message_of([&] { (void)node_curve(t, "a"); }).find(pub + ": does not match " + sec), std::string::npos);
+  EXPECT_NO_THROW((void)node_curve(t, "b"));
+  write_node_keys(d.path, "a", true);
+  fs::remove(d.path + "/b.key");
+  EXPECT_NE(message_of([&] { (void)node_curve(t, "a"); }).find(d.path + "/b.key: cannot read"), std::string::npos);
+}
+
+TEST(Keygen, HandStartedNodeWithoutKeysExitsWithTheConfigError) {
+  KeyDir d;
+  const std::string topo = d.path + "/t.toml";
+  std::ofstream(topo) << kTcpNodes;
+  auto [rc, out] = specmesh_cli({"node", "--config", topo, "--name", "n0"}, d.path + "/node.log");
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(out.find(topo + ":8: security.keys: missing: node 'n0' uses tcp://"), std::string::npos) << out;
+  EXPECT_NE(out.find("specmesh keygen --topology"), std::string::npos) << out;
+}
+
+TEST(Keygen, SpawnedTcpRunUsesThrowawayKeysAndRemovesThem) {
+  SPECMESH_REQUIRE_REFDATA();
+  KeyDir d;  // TMPDIR for the run: its throwaway key directory goes here
+  const std::string topo = d.path + "/t.toml";
+  const int base = free_port_range(4);
+  std::ofstream(topo) << "[models.m]\npath = \"" << refdata("gguf-models/stories260K.gguf") << "\"\n[run]\n"
+                      << "[nodes.head]\nendpoint = \"tcp://127.0.0.1:" << base << "\"\nhead = true\n"
+                      << "[nodes.n0]\nendpoint = \"tcp://127.0.0.1:" << base + 2 << "\"\n"
+                      << "[devices.d]\nnode = \"n0\"\n";
+  ::setenv("TMPDIR", d.path.c_str(), 1);
+  ::setenv("SPECMESH_LOG", "info", 1);
+  auto [rc, out] = specmesh_cli({"run", topo, "--spawn", "-p", "Once upon a time", "-n", "4"}, d.path + "/run.log");
+  ::unsetenv("TMPDIR");
+  ::unsetenv("SPECMESH_LOG");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("gateway 'n0'"), std::string::npos) << out;
+  EXPECT_NE(out.find(", CURVE on tcp"), std::string::npos) << "the run did not encrypt: " << out;
+  for (const auto& e : fs::directory_iterator(d.path))
+    EXPECT_EQ(e.path().filename().string().rfind("specmesh-keys-", 0), std::string::npos) << e.path() << " was left behind";
 }
 
 }  // namespace

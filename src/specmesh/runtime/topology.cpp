@@ -305,8 +305,12 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
       t.lines["security.keys"] = k->source().begin.line;
     }
     t.security.keys = resolve_path(base_dir, t.security.keys);
-    t.security.allow_remote = get<bool>(e, st, "security.", "allow_remote", false);
-    if (const toml::node* a = st.get("allow_remote")) t.lines["security.allow_remote"] = a->source().begin.line;
+    if (const toml::node* a = st.get("allow_remote")) {
+      // Strictly a boolean: a security switch is not turned on by a stray 1.
+      if (!a->is_boolean()) e.fail(a, "security.allow_remote", "expected true or false");
+      t.security.allow_remote = a->as_boolean()->get();
+      t.lines["security.allow_remote"] = a->source().begin.line;
+    }
   }
 
   if (const toml::node* n = root.get("stages")) {
