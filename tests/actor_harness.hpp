@@ -11,14 +11,17 @@
 #include <caf/all.hpp>
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -43,25 +46,28 @@ inline std::string unique_tag() {
   return std::to_string(::getpid()) + "-" + std::to_string(n++);
 }
 
-// ZeroMQ leaves ipc socket files behind; remove ours when the test program ends.
+// ipc socket files go into a private directory of this test program (the gateway refuses
+// directories that group or others can use), removed with whatever ZeroMQ left in it when the
+// program ends.
 struct IpcCleanup : ::testing::Environment {
   std::mutex mu;
-  std::vector<std::string> paths;
+  std::string dir;
   void TearDown() override {
     std::lock_guard<std::mutex> g(mu);
-    for (auto& p : paths) {
-      ::unlink(p.c_str());
-      ::unlink((p + ".ctl").c_str());
-    }
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
   }
 };
 inline IpcCleanup* const ipc_cleanup = static_cast<IpcCleanup*>(::testing::AddGlobalTestEnvironment(new IpcCleanup));
 
 inline std::string ipc_ep() {
-  std::string path = "/tmp/specmesh-test-" + unique_tag();
   std::lock_guard<std::mutex> g(ipc_cleanup->mu);
-  ipc_cleanup->paths.push_back(path);
-  return "ipc://" + path;
+  if (ipc_cleanup->dir.empty()) {
+    char tmpl[] = "/tmp/specmesh-test-XXXXXX";  // mkdtemp makes it 0700
+    if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
+    ipc_cleanup->dir = tmpl;
+  }
+  return "ipc://" + ipc_cleanup->dir + "/" + unique_tag();
 }
 
 // A fresh data endpoint on "inproc", "ipc" or "tcp" (loopback).

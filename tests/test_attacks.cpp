@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "private_dir.hpp"
 #include "processes.hpp"
 #include "refdata.hpp"
 #include "specmesh/model/context.hpp"
@@ -42,9 +43,7 @@ constexpr int kTokens = 48;
 
 std::string tmpdir() {
   static std::string dir = [] {
-    auto d = fs::temp_directory_path() / ("specmesh-attacks-" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d.string();
+    return test::private_tmpdir("specmesh-attacks");
   }();
   return dir;
 }

@@ -57,6 +57,7 @@ std::string tmpdir() {
   static std::string dir = [] {
     auto d = fs::temp_directory_path() / ("specmesh-examples-" + std::to_string(::getpid()));
     fs::create_directories(d);
+    fs::permissions(d, fs::perms::owner_all);  // ipc sockets need a private directory
     return d.string();
   }();
   return dir;

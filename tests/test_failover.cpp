@@ -11,6 +11,7 @@
 #include <fstream>
 #include <string>
 
+#include "private_dir.hpp"
 #include "processes.hpp"
 #include "refdata.hpp"
 #include "specmesh/actors/failover.hpp"
@@ -86,9 +87,7 @@ namespace {
 
 std::string tmpdir() {
   static std::string dir = [] {
-    auto d = fs::temp_directory_path() / ("specmesh-failover-" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d.string();
+    return test::private_tmpdir("specmesh-failover");
   }();
   return dir;
 }
@@ -97,7 +96,7 @@ std::string tmpdir() {
 // so 64 tokens take about a second.
 std::string write_topology(const std::string& model, bool standby, int index) {
   const std::string dir = tmpdir() + "/" + std::to_string(index);
-  fs::create_directories(dir);
+  test::private_dir(dir);
   const std::string path = dir + "/failover.toml";
   std::ofstream f(path);
   f << "[run]\nmodel = \"m\"\nn_predict = 64\ntemperature = 0.0\n";

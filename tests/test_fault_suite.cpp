@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ports.hpp"
+#include "private_dir.hpp"
 #include "processes.hpp"
 #include "refdata.hpp"
 #include "specmesh/model/context.hpp"
@@ -39,9 +40,7 @@ const std::string kPrompt = "Once upon a time";
 
 std::string tmpdir() {
   static std::string dir = [] {
-    auto d = fs::temp_directory_path() / ("specmesh-faults-" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d.string();
+    return test::private_tmpdir("specmesh-faults");
   }();
   return dir;
 }

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "actor_harness.hpp"
+#include "private_dir.hpp"
 #include "processes.hpp"
 #include "refdata.hpp"
 #include "specmesh/transport/gateway.hpp"
@@ -82,8 +83,7 @@ caf::actor spawn_collector(caf::actor_system& sys, std::shared_ptr<Answers> a) {
 // 20-29 at the peak, 18.5-21 after, and the node generates as before.
 TEST(StageFlood, HundredThousandRunsAreRefusedQuietlyAndTheNodeRecovers) {
   SPECMESH_REQUIRE_REFDATA();
-  const std::string dir = (fs::temp_directory_path() / ("specmesh-flood-" + std::to_string(::getpid()))).string();
-  fs::create_directories(dir);
+  const std::string dir = test::private_tmpdir("specmesh-flood");
   struct RemoveDir {
     std::string dir;
     ~RemoveDir() { fs::remove_all(dir); }

@@ -34,6 +34,7 @@ std::string tmpdir() {
   static std::string dir = [] {
     auto d = fs::temp_directory_path() / ("specmesh-process-faults-" + std::to_string(::getpid()));
     fs::create_directories(d);
+    fs::permissions(d, fs::perms::owner_all);  // ipc sockets need a private directory
     return d.string();
   }();
   return dir;
@@ -49,9 +50,10 @@ std::string example_copy(const std::string& name, double layer_ms) {
                             test::refdata("gguf-models/stories260K.gguf"));
   const std::string dir = tmpdir() + "/" + std::to_string(n++);
   fs::create_directories(dir);
+  fs::permissions(dir, fs::perms::owner_all);
   std::string out;
   std::smatch m;
-  const std::regex addr(R"(tcp://127\.0\.0\.1:\d+|ipc:///tmp/specmesh-example-[a-z0-9-]+)");
+  const std::regex addr(R"(tcp://127\.0\.0\.1:\d+|ipc:///tmp/specmesh-example/[a-z0-9-]+)");
   std::string rest = text;
   while (std::regex_search(rest, m, addr)) {
     out += m.prefix().str();

@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 
+#include "private_dir.hpp"
 #include "refdata.hpp"
 #include "specmesh/actors/run_deadlines.hpp"
 #include "specmesh/actors/run_ids.hpp"
@@ -114,8 +115,7 @@ TEST(RunDeadlines, ARunIsOverdueOnlyPastItsBudgetAndQueuedRunsGetMore) {
 // not wait forever.
 TEST(RunDeadlines, APeerThatSwallowsRunsEndsTheRunWithAClearError) {
   SPECMESH_REQUIRE_REFDATA();
-  const auto dir = std::filesystem::temp_directory_path() / ("specmesh-swallow-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const std::filesystem::path dir = test::private_tmpdir("specmesh-swallow");
   const std::string head_ep = "ipc://" + (dir / "head.ipc").string(), sink_ep = "ipc://" + (dir / "sink.ipc").string();
   const std::string path = (dir / "t.toml").string();
   std::ofstream(path) << "[run]\nmodel = \"m\"\nn_predict = 8\n[models.m]\npath = \""

@@ -35,6 +35,7 @@ std::string tmpdir() {
   static std::string dir = [] {
     auto d = std::filesystem::temp_directory_path() / ("specmesh-spec-" + std::to_string(::getpid()));
     std::filesystem::create_directories(d);
+    std::filesystem::permissions(d, std::filesystem::perms::owner_all);  // ipc sockets need a private directory
     return d.string();
   }();
   return dir;

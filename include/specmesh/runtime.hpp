@@ -28,6 +28,9 @@ struct RuntimeOptions {
   // share a host (tcp ports port_base, port_base + 2, ... in node-name order; ipc paths get
   // "-pBASE"); 0 picks a base whose endpoints are free. Started nodes get the same base.
   int port_base = -1;
+  // Let tcp:// nodes bind addresses other than loopback, as [security] allow_remote does
+  // (needs keys); passed on to started nodes.
+  bool allow_remote = false;
 };
 
 class Tokenizer;  // specmesh/tokenizer/tokenizer.hpp, for in-tree tools

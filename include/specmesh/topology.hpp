@@ -82,6 +82,18 @@ struct RunSpec {
   std::string metrics_csv;               // append one row of metrics per generation
 };
 
+// [security]: keys for tcp:// nodes, and whether they may listen beyond loopback.
+//   keys = "keys"         a directory (relative to the file's folder) holding NODE.key (public)
+//                         and NODE.key_secret (mode 0600) for every node: `specmesh keygen
+//                         --topology FILE` writes them. tcp:// always runs CURVE, so a topology
+//                         with tcp:// nodes needs keys, except under `specmesh run --spawn`,
+//                         which makes throwaway ones.
+//   allow_remote = true   tcp:// nodes may bind addresses other than loopback (needs keys).
+struct SecuritySpec {
+  std::string keys;
+  bool allow_remote = false;
+};
+
 struct Topology {
   std::string path;
   RunSpec run;
@@ -90,6 +102,7 @@ struct Topology {
   std::map<std::string, DeviceSpec> devices;
   std::vector<StageSpec> stages;  // pipeline order
   LinkProfile link;               // applied to every inter-node hop (zero: unshaped)
+  SecuritySpec security;
   std::string head_node;
 
   std::map<std::string, int> lines;  // key -> line in the file, for errors found after parsing

@@ -12,5 +12,6 @@ void register_make_model(CLI::App& app);
 void register_run(CLI::App& app);
 void register_node(CLI::App& app);
 void register_strategies(CLI::App& app);
+void register_keygen(CLI::App& app);
 
 }  // namespace specmesh

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   specmesh::register_run(app);
   specmesh::register_node(app);
   specmesh::register_strategies(app);
+  specmesh::register_keygen(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Error& e) {

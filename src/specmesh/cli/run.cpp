@@ -3,12 +3,14 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "specmesh/runtime/keys.hpp"
 #include "specmesh/runtime/load_checks.hpp"
 #include "specmesh/runtime/node.hpp"
 #include "specmesh/runtime/port_base.hpp"
@@ -28,7 +30,7 @@ struct RunOptions {
   ParamOptions params;
   int n_predict = 0;
   int port_base = -1;
-  bool json = false, spawn = false, ignore_eos = false;
+  bool json = false, spawn = false, ignore_eos = false, allow_remote = false;
   double timeout_s = 10;
 };
 
@@ -38,6 +40,7 @@ int run_topology(const RunOptions& o, const CLI::App& cmd) {
   ro.spawn_nodes = o.spawn;
   ro.connect_timeout = std::chrono::milliseconds(int64_t(o.timeout_s * 1000));
   ro.port_base = o.port_base;
+  ro.allow_remote = o.allow_remote;
   Topology topo = Topology::load(o.config);
   // Command-line choices override the file's [run] strategy and parameters.
   if (!o.strategy.empty() && o.strategy != topo.run.strategy) {
@@ -81,7 +84,8 @@ int run_topology(const RunOptions& o, const CLI::App& cmd) {
   return 0;
 }
 
-int run_node(const std::string& config, const std::string& name, int port_base) {
+int run_node(const std::string& config, const std::string& name, int port_base, const std::string& keys,
+             bool allow_remote) {
   // Block the stop signals before any thread starts, then wait for one of them.
   sigset_t set;
   sigemptyset(&set);
@@ -92,6 +96,9 @@ int run_node(const std::string& config, const std::string& name, int port_base) 
   Topology topo = Topology::load(config);
   if (!topo.nodes.count(name)) throw ConfigError(config + ": no node named '" + name + "' in [nodes]");
   if (port_base > 0) move_endpoints(topo, port_base);
+  if (!keys.empty()) topo.security.keys = std::filesystem::absolute(keys).string();
+  if (allow_remote) topo.security.allow_remote = true;
+  check_security(topo, {name});
   check_endpoints_free(topo, {name});
   ModelCache models;
   resolve_layers(topo, models);
@@ -125,6 +132,8 @@ void register_run(CLI::App& app) {
                   "move the endpoints of the nodes that are not inproc:// (tcp ports N, N+2, ... in node-name order; ipc "
                   "paths get -pN) so runs of one file can share a host; 0 picks free ones")
       ->check(CLI::Range(0, 65533));
+  cmd->add_flag("--allow-remote", o->allow_remote,
+                "let tcp:// nodes listen on addresses other than loopback (as [security] allow_remote; needs keys)");
   cmd->add_option("--strategy", o->strategy, "override run.strategy (" + strategy_names() + ")");
   o->params.add_to(*cmd);
   cmd->callback([o, cmd] {
@@ -137,6 +146,8 @@ void register_node(CLI::App& app) {
   struct Opts {
     std::string config, name;
     int port_base = -1;
+    std::string keys;
+    bool allow_remote = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand("node", "Serve one node of a topology in this process until SIGTERM/SIGINT");
@@ -144,7 +155,12 @@ void register_node(CLI::App& app) {
   cmd->add_option("--name", o->name, "node name in [nodes]")->required();
   cmd->add_option("--port-base", o->port_base, "the port base of the run this node belongs to (specmesh run --port-base)")
       ->check(CLI::Range(1, 65533));
-  cmd->callback([o] { run_node(o->config, o->name, o->port_base); });
+  cmd->add_option("--keys", o->keys,
+                  "the key directory (instead of the topology's [security] keys): this node's NAME.key_secret and every "
+                  "node's NAME.key");
+  cmd->add_flag("--allow-remote", o->allow_remote,
+                "listen on an address other than loopback (as [security] allow_remote; needs keys)");
+  cmd->callback([o] { run_node(o->config, o->name, o->port_base, o->keys, o->allow_remote); });
 }
 
 }  // namespace specmesh

@@ -11,6 +11,7 @@
 
 #include "specmesh/actors/alspec_stage.hpp"
 #include "specmesh/actors/head.hpp"
+#include "specmesh/runtime/keys.hpp"
 #include "specmesh/transport/dispatcher.hpp"
 
 namespace specmesh {
@@ -52,6 +53,8 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
   for (const auto& [n, spec] : topo.nodes)
     if (n != node) gc.peers[n] = spec.endpoint;
   gc.max_message_bytes = max_frame_bytes(topo, models);
+  gc.allow_non_loopback = topo.security.allow_remote;
+  gc.curve = node_curve(topo, node);  // every tcp:// link runs CURVE
   gateway_ = std::make_unique<Gateway>(gc);
   router_ = std::make_shared<Router>(node, gateway_.get(), topo.link);
 

@@ -28,7 +28,8 @@ namespace {
 
 }  // namespace
 
-void NodeProcesses::start(const Topology& topo, const std::string& binary, int port_base) {
+void NodeProcesses::start(const Topology& topo, const std::string& binary, int port_base,
+                          const std::vector<std::string>& extra_args) {
   if (!std::filesystem::is_regular_file(topo.path))
     throw std::runtime_error("starting node processes needs the configuration as a topology file (nodes run `specmesh "
                              "node --config FILE`); this one was built in code: " + topo.path);
@@ -47,6 +48,7 @@ void NodeProcesses::start(const Topology& topo, const std::string& binary, int p
     names.push_back(name);
     args.push_back({bin, "node", "--config", topo.path, "--name", name});
     if (port_base > 0) args.back().insert(args.back().end(), {"--port-base", std::to_string(port_base)});
+    args.back().insert(args.back().end(), extra_args.begin(), extra_args.end());
   }
   if (names.empty()) return;
   std::vector<std::vector<char*>> argvs;

@@ -30,8 +30,9 @@ class NodeProcesses {
   // Starts every node of `topo` that is neither its head node nor inproc://, from `binary`
   // (default: this executable), passing `port_base` on when it is positive. The topology must
   // come from a file. Throws std::runtime_error; nodes started before a failure keep running
-  // until stop().
-  void start(const Topology& topo, const std::string& binary, int port_base);
+  // until stop(). `extra_args` go to every node (--keys DIR, --allow-remote).
+  void start(const Topology& topo, const std::string& binary, int port_base,
+             const std::vector<std::string>& extra_args = {});
 
   // Ends every started node: SIGTERM (and SIGCONT, so a stopped one can act on it), SIGKILL
   // to those still there after `grace`, and reaps them. Idempotent.

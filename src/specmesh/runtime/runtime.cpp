@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "specmesh/model/context.hpp"
+#include "specmesh/runtime/keys.hpp"
 #include "specmesh/runtime/load_checks.hpp"
 #include "specmesh/runtime/node.hpp"
 #include "specmesh/runtime/node_processes.hpp"
@@ -16,6 +17,7 @@ namespace specmesh {
 struct Runtime::Impl {
   Topology topo;
   RuntimeOptions opts;
+  std::unique_ptr<EphemeralKeys> keys;  // removed after the children have stopped
   NodeProcesses children;
   int port_base = -1;  // applied to the topology and passed on to started nodes
   caf::actor_system_config cfg;
@@ -41,12 +43,30 @@ Runtime::Runtime(Topology topology, RuntimeOptions options) : impl_(std::make_un
     m.port_base = m.opts.port_base > 0 ? m.opts.port_base : free_port_base(m.topo);
     move_endpoints(m.topo, m.port_base);
   }
+  // tcp:// always runs CURVE. Without keys in the file, a runtime that starts or hosts every
+  // node itself makes throwaway ones and hands them to the nodes it starts.
+  std::vector<std::string> child_args;
+  if (m.opts.allow_remote) {
+    m.topo.security.allow_remote = true;
+    child_args.push_back("--allow-remote");
+  }
+  if (uses_tcp(m.topo) && m.topo.security.keys.empty() && !m.topo.security.allow_remote) {
+    bool all_local = true;
+    for (const auto& [name, node] : m.topo.nodes)
+      all_local = all_local && (name == m.topo.head_node || node.endpoint.rfind("inproc://", 0) == 0);
+    if (m.opts.spawn_nodes || all_local) {
+      m.keys = std::make_unique<EphemeralKeys>(m.topo);
+      m.topo.security.keys = m.keys->dir();
+      child_args.insert(child_args.end(), {"--keys", m.keys->dir()});
+    }
+  }
+  check_security(m.topo, here);
   // A second run of the same file must not take the first one's addresses (ZeroMQ would
   // silently replace an ipc socket file, and its nodes would join the first run's mesh).
   check_endpoints_free(m.topo, here);
   m.head_model = m.models.get(m.topo.models.at(m.topo.run.model));
   try {
-    if (m.opts.spawn_nodes) m.children.start(m.topo, m.opts.specmesh_binary, m.port_base);
+    if (m.opts.spawn_nodes) m.children.start(m.topo, m.opts.specmesh_binary, m.port_base, child_args);
     configure_low_latency_scheduler(m.cfg);
     m.sys = std::make_unique<caf::actor_system>(m.cfg);
     m.nodes.push_back(std::make_unique<NodeHost>(*m.sys, m.topo, m.topo.head_node, m.models));
@@ -94,6 +114,7 @@ Runtime::~Runtime() {
   impl_->nodes.clear();
   impl_->sys.reset();
   impl_->children.stop();
+  impl_->keys.reset();
 }
 
 struct Generation::State {

@@ -148,7 +148,7 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
   } catch (const toml::parse_error& err) {
     throw ConfigError(file + ":" + std::to_string(err.source().begin.line) + ": " + std::string(err.description()));
   }
-  check_keys(e, root, "", {"run", "models", "nodes", "devices", "stages", "link"});
+  check_keys(e, root, "", {"run", "models", "nodes", "devices", "stages", "link", "security"});
   Topology t;
   t.path = file;
 
@@ -234,6 +234,7 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
       NodeSpec s{std::string(name.str()), get<std::string>(e, m, pre, "endpoint", ""), get<bool>(e, m, pre, "head", false)};
       if (s.endpoint.rfind("inproc://", 0) != 0 && s.endpoint.rfind("ipc://", 0) != 0 && s.endpoint.rfind("tcp://", 0) != 0)
         e.fail(m.get("endpoint") ? m.get("endpoint") : &v, pre + "endpoint", "must start with inproc://, ipc:// or tcp://");
+      t.lines[pre + "endpoint"] = (m.get("endpoint") ? m.get("endpoint") : &v)->source().begin.line;
       if (s.head) {
         if (!t.head_node.empty()) e.fail(&v, pre + "head", "only one node can host the head (already: " + t.head_node + ")");
         t.head_node = s.name;
@@ -292,6 +293,24 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
       check_keys(e, lt, "link.", {"latency_us", "gbps"});
       t.link.latency_s = non_negative(e, lt, "link.", "latency_us") * 1e-6;
       t.link.bytes_per_s = non_negative(e, lt, "link.", "gbps") * 1e9 / 8;
+    }
+  }
+
+  if (const toml::node* n = root.get("security")) {
+    const auto& st = table_at(e, *n, "security");
+    check_keys(e, st, "security.", {"keys", "allow_remote"});
+    t.lines["security"] = n->source().begin.line;
+    t.security.keys = get<std::string>(e, st, "security.", "keys", "");
+    if (const toml::node* k = st.get("keys")) {
+      if (t.security.keys.empty()) e.fail(k, "security.keys", "must name a directory");
+      t.lines["security.keys"] = k->source().begin.line;
+    }
+    t.security.keys = resolve_path(base_dir, t.security.keys);
+    if (const toml::node* a = st.get("allow_remote")) {
+      // Strictly a boolean: a security switch is not turned on by a stray 1.
+      if (!a->is_boolean()) e.fail(a, "security.allow_remote", "expected true or false");
+      t.security.allow_remote = a->as_boolean()->get();
+      t.lines["security.allow_remote"] = a->source().begin.line;
     }
   }
 

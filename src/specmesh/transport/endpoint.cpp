@@ -63,6 +63,15 @@ bool ipc_taken(const std::string& path) {
 
 }  // namespace
 
+// Literal addresses only: ZeroMQ binds interface names and addresses, never DNS names.
+bool is_loopback_host(std::string h) {
+  if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  in_addr v4{};
+  if (::inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  return ::inet_pton(AF_INET6, h.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
+
 TcpEndpoint parse_tcp(const std::string& ep) {
   auto rest = ep.substr(6);
   auto colon = rest.rfind(':');

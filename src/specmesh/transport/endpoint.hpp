@@ -14,6 +14,10 @@ struct TcpEndpoint {
 // std::invalid_argument.
 TcpEndpoint parse_tcp(const std::string& endpoint);
 
+// Whether a tcp host is a literal loopback address (127.x.x.x, [::1]); names, "*" and other
+// interfaces are not.
+bool is_loopback_host(std::string host);
+
 // The address that is taken if a listener holds `endpoint` or its control endpoint right now
 // (a tcp port bound on that host, an ipc socket file that accepts connections), else empty.
 // inproc names live in one process and are never taken from outside. A tcp host that is not

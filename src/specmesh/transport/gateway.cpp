@@ -1,5 +1,6 @@
 #include "specmesh/transport/gateway.hpp"
 
+#include "specmesh/transport/curve.hpp"
 #include "specmesh/transport/delivery.hpp"
 #include "specmesh/transport/link.hpp"
 #include "specmesh/transport/liveness.hpp"
@@ -16,12 +17,36 @@ uint64_t GatewayStats::rejected_total() const {
 
 namespace {
 
+bool is_tcp(const std::string& ep) { return ep.rfind("tcp://", 0) == 0; }
+
+void check_curve(const GatewayConfig& c) {
+  const std::string me = "gateway '" + c.node + "': CURVE: ";
+  if (!curve_supported()) throw std::invalid_argument(me + "this libzmq is built without CURVE");
+  if (c.node.size() > 246) throw std::invalid_argument(me + "node names are at most 246 bytes with CURVE");
+  const CurveConfig& k = *c.curve;
+  if (!is_z85_key(k.secret_key)) throw std::invalid_argument(me + "the secret key is not a Z85 key (40 characters)");
+  if (!is_z85_key(k.public_key)) throw std::invalid_argument(me + "the public key is not a Z85 key (40 characters)");
+  if (curve_public_of(k.secret_key) != k.public_key)
+    throw std::invalid_argument(me + "the public key does not belong to the secret key");
+  for (const auto& [name, ep] : c.peers)
+    if (name.find('\0') != std::string::npos || c.node.find('\0') != std::string::npos)
+      throw std::invalid_argument(me + "node names must not hold NUL bytes");
+  for (const auto& [name, key] : k.peer_keys) {
+    if (!c.peers.count(name)) throw std::invalid_argument(me + "a key for '" + name + "', which is no peer");
+    if (!is_z85_key(key)) throw std::invalid_argument(me + "the key of peer '" + name + "' is not a Z85 key");
+  }
+  for (const auto& [name, ep] : c.peers)
+    if ((is_tcp(c.bind) || is_tcp(ep)) && !k.peer_keys.count(name))
+      throw std::invalid_argument(me + "no public key for peer '" + name + "'");
+}
+
 GatewayConfig checked(GatewayConfig c) {
   if (c.node.empty() || c.node.size() > 255 || c.node[0] == '\0')
     throw std::invalid_argument("gateway: node name must be 1..255 bytes and not start with NUL");
   if (c.peers.count(c.node)) throw std::invalid_argument("gateway '" + c.node + "': peers must not include itself");
   if (c.heartbeat.count() <= 0 || c.peer_timeout <= c.heartbeat)
     throw std::invalid_argument("gateway '" + c.node + "': need 0 < heartbeat < peer_timeout");
+  if (c.curve) check_curve(c);
   return c;
 }
 
@@ -63,6 +88,8 @@ GatewayStats Gateway::stats() const {
   s.delivered = impl_->subs.delivered();
   s.unrouted = impl_->subs.unrouted();
   s.send_dropped = impl_->liveness.heartbeats_dropped();
+  s.handshakes_failed = impl_->links.handshakes_failed();
+  s.auth_denied = impl_->links.auth_denied();
   for (std::size_t i = 0; i < kRejectReasonCount; ++i) s.rejected[i] = impl_->links.rejected(RejectReason(i));
   return s;
 }

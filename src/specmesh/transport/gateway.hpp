@@ -17,8 +17,21 @@
 // Pass Delivery::inline_io to subscribe() for short non-blocking handlers (routers, samplers)
 // to run them on the gateway thread and save a thread wake-up per message.
 //
+// Security (see README.md, "Security"): with GatewayConfig::curve set, every tcp:// connection
+// runs CURVE (encrypted, and both ends authenticated by their long-term keys): our listening
+// sockets are CURVE servers that accept only the configured peers' public keys (a ZAP
+// handler, transport/zap.hpp), our connecting sockets check the peer's public key as the
+// server key, and every received message must come from the key of the node whose name it
+// claims (RejectReason::identity_mismatch otherwise). Handshakes that fail (a peer without
+// keys, with unknown or wrong keys) deliver nothing, are counted in GatewayStats and logged
+// (rate-limited). ipc:// sockets live in directories only this user can use
+// (transport/ipc_dir.hpp); inproc:// never leaves the process. The runtime always sets curve
+// for topologies with tcp:// nodes; without it a gateway binds tcp only on loopback.
+//
 // The parts, each documented beside its code (private headers):
 //   transport/link.hpp      sockets, the I/O thread, send paths, ordering, rejections
+//   transport/zap.hpp       the process's ZAP handler (which CURVE clients are accepted)
+//   transport/ipc_dir.hpp   private ipc socket directories
 //   transport/liveness.hpp  application heartbeats and peer_down reports
 //   transport/delivery.hpp  subscriptions, message priority, inline delivery, held messages
 #pragma once
@@ -32,6 +45,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace caf {
@@ -40,6 +54,16 @@ class actor_system_config;
 
 namespace specmesh {
 
+// CURVE settings of one gateway; keys are Z85 text (40 characters), as ZeroMQ and
+// `specmesh keygen` write them.
+struct CurveConfig {
+  std::string public_key;  // this node's long-term key pair
+  std::string secret_key;
+  // Peer name -> its public key. Needed for every peer when we bind tcp (any peer may connect
+  // to us), else for every peer reached over tcp; only listed peers are accepted.
+  std::map<std::string, std::string> peer_keys;
+};
+
 struct GatewayConfig {
   std::string node;                          // our name; also our ZeroMQ routing id (1..255 bytes)
   std::string bind;                          // our data endpoint (control endpoint is derived)
@@ -47,11 +71,14 @@ struct GatewayConfig {
   std::chrono::milliseconds heartbeat{100};     // application + ZMTP heartbeat interval
   std::chrono::milliseconds peer_timeout{300};  // silence after which a peer is reported down
   std::chrono::milliseconds linger{200};        // ZMQ_LINGER: bounded wait for unsent data at close
-  bool allow_non_loopback = false;              // permit binding tcp to non-loopback interfaces
+  bool allow_non_loopback = false;              // permit binding tcp to non-loopback interfaces (needs curve)
   int64_t max_message_bytes = int64_t{1} << 31; // ZMQ_MAXMSGSIZE per frame on our listening sockets
   // true: send() hands the message to ZeroMQ on the caller's thread (one thread wake-up less
   // per hop); false: every message goes through the I/O thread (see transport/link.hpp).
   bool send_from_caller = true;
+  // CURVE on every tcp connection (see the top of this file); the node name must then be at
+  // most 246 bytes (the routing id carries a per-connection suffix).
+  std::optional<CurveConfig> curve;
 };
 
 enum class RejectReason : uint8_t {
@@ -68,6 +95,7 @@ enum class RejectReason : uint8_t {
   wrong_channel,  // data message on the control socket or vice versa
   seq_reordered,  // sequence number below the expected one (duplicate or late)
   seq_gap,        // sequence number above the expected one (messages missing)
+  identity_mismatch,  // CURVE: the sender's key belongs to another node than the name it claims
   count_
 };
 inline constexpr std::size_t kRejectReasonCount = static_cast<std::size_t>(RejectReason::count_);
@@ -93,6 +121,11 @@ struct GatewayStats {
   uint64_t delivered = 0;    // deliveries to local actors (one per subscriber)
   uint64_t unrouted = 0;     // messages dropped while held for a type nobody subscribed to yet
   uint64_t send_dropped = 0; // heartbeats dropped because the peer's queue was full
+  // CURVE (tcp only): handshakes that failed on our sockets, either end (a peer without keys
+  // or with wrong keys, a key we refused or one a peer refused), and the part of them our ZAP
+  // handler refused because the client's public key is no configured peer's.
+  uint64_t handshakes_failed = 0;
+  uint64_t auth_denied = 0;
   std::array<uint64_t, kRejectReasonCount> rejected{};
   uint64_t rejected_total() const;
   uint64_t rejected_for(RejectReason r) const { return rejected[static_cast<std::size_t>(r)]; }
@@ -101,7 +134,8 @@ struct GatewayStats {
 class Gateway {
  public:
   // Validates the config, binds, connects to all peers and starts the I/O thread.
-  // Throws std::invalid_argument for a bad config and std::runtime_error if binding fails.
+  // Throws std::invalid_argument for a bad config (malformed or missing CURVE keys included)
+  // and std::runtime_error if binding fails or an ipc directory is not private.
   explicit Gateway(GatewayConfig cfg);
   // Stops the I/O thread and closes the sockets (waiting at most `linger` for unsent data).
   ~Gateway();
@@ -138,7 +172,7 @@ class Gateway {
 
 // Derives the control endpoint from a data endpoint:
 //   tcp://HOST:PORT  -> control on tcp://HOST:PORT+1   (HOST must be loopback unless
-//                       allow_non_loopback; peers are connected wherever they are)
+//                       allow_non_loopback and curve; peers are connected wherever they are)
 //   ipc://PATH       -> control on ipc://PATH.ctl
 //   inproc://NAME    -> control on inproc://NAME.ctl   (gateways of one process share a
 //                       process-wide ZeroMQ context, so inproc links work between them)

@@ -1,17 +1,21 @@
 #include "specmesh/transport/link.hpp"
 
 #include "specmesh/log/rate_limited.hpp"
+#include "specmesh/transport/curve.hpp"
 #include "specmesh/transport/endpoint.hpp"
+#include "specmesh/transport/ipc_dir.hpp"
+#include "specmesh/transport/zap.hpp"
 
 #include <spdlog/spdlog.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
 #include <random>
 #include <stdexcept>
 
@@ -32,6 +36,7 @@ const char* to_string(RejectReason r) {
     case RejectReason::wrong_channel: return "wrong_channel";
     case RejectReason::seq_reordered: return "seq_reordered";
     case RejectReason::seq_gap: return "seq_gap";
+    case RejectReason::identity_mismatch: return "identity_mismatch";
     case RejectReason::count_: break;
   }
   return "unknown";
@@ -70,27 +75,44 @@ std::string printable(const void* data, std::size_t n) {
   return s;
 }
 
-// Literal addresses only: ZeroMQ binds interface names and addresses, never DNS names.
-bool is_loopback_host(std::string h) {
-  if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
-  in_addr v4{};
-  if (::inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  in6_addr v6{};
-  return ::inet_pton(AF_INET6, h.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
-}
+bool is_tcp(const std::string& ep) { return ep.rfind("tcp://", 0) == 0; }
+bool is_ipc(const std::string& ep) { return ep.rfind("ipc://", 0) == 0; }
 
-void check_bind_allowed(const std::string& ep, bool allow_non_loopback) {
-  if (ep.rfind("tcp://", 0) != 0 || allow_non_loopback) return;
-  auto host = parse_tcp(ep).host;
-  if (!is_loopback_host(host))
+// Other interfaces only on purpose, and only encrypted and authenticated.
+void check_bind_allowed(const std::string& ep, bool allow_non_loopback, bool curve) {
+  if (!is_tcp(ep) || is_loopback_host(parse_tcp(ep).host)) return;
+  if (!allow_non_loopback)
     throw std::invalid_argument("bind endpoint '" + ep + "' is not a loopback address (127.x.x.x or [::1]); " +
                                 "set allow_non_loopback to listen on other interfaces");
+  if (!curve)
+    throw std::invalid_argument("bind endpoint '" + ep + "' is not a loopback address, and listening on other " +
+                                "interfaces needs CURVE keys (GatewayConfig::curve)");
 }
 
-// One context per process so that inproc:// links work between gateways of one process.
-zmq::context_t& process_context() {
-  static zmq::context_t ctx(1);
-  return ctx;
+// name, NUL, 8 random bytes: see "CURVE" in link.hpp.
+std::string curve_routing_id(const std::string& node) {
+  std::random_device rd;
+  std::string id = node;
+  id += '\0';
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t r = rd();
+    id.append(reinterpret_cast<const char*>(&r), sizeof r);
+  }
+  return id;
+}
+
+std::string describe_handshake_failure(uint16_t event, uint32_t value) {
+  if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+    return "the key was refused (ZAP status " + std::to_string(value) + ": not a configured peer's key)";
+  if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+    if (value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) return "the other end does not use CURVE (no keys?)";
+    if (value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
+      return "cryptographic error (the client has a wrong public key for this server?)";
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "protocol error 0x%x", value);
+    return buf;
+  }
+  return "no detail (errno " + std::to_string(value) + ")";
 }
 
 void release_blob(void*, void* hint) { delete static_cast<std::shared_ptr<const void>*>(hint); }
@@ -142,10 +164,16 @@ std::string control_endpoint_for(const std::string& ep) {
 
 namespace gw {
 
+// One context per process so that inproc:// links work between gateways of one process.
+zmq::context_t& process_context() {
+  static zmq::context_t ctx(1);
+  return ctx;
+}
+
 const char* channel_name(int ch) { return ch == kControl ? "control" : "data"; }
 
 Links::Links(const GatewayConfig& cfg) : cfg_(cfg), session_(random_session()) {
-  check_bind_allowed(cfg_.bind, cfg_.allow_non_loopback);
+  check_bind_allowed(cfg_.bind, cfg_.allow_non_loopback, cfg_.curve.has_value());
   endpoint_[kData] = cfg_.bind;
   endpoint_[kControl] = control_endpoint_for(cfg_.bind);
   for (auto& [name, ep] : cfg_.peers) {
@@ -162,17 +190,38 @@ Links::Links(const GatewayConfig& cfg) : cfg_(cfg), session_(random_session()) {
   }
   std::string peers;
   for (auto& [name, ep] : cfg_.peers) peers += (peers.empty() ? "" : ", ") + name + "=" + ep;
-  spdlog::info("gateway '{}': data {} control {}, peers [{}]", cfg_.node, endpoint_[kData], endpoint_[kControl],
-               peers);
+  spdlog::info("gateway '{}': data {} control {}, peers [{}]{}", cfg_.node, endpoint_[kData], endpoint_[kControl],
+               peers, cfg_.curve ? ", CURVE on tcp" : "");
 }
 
 void Links::open() {
   auto& ctx = process_context();
+  const CurveConfig* curve = cfg_.curve ? &*cfg_.curve : nullptr;
+  curve_in_ = curve && is_tcp(cfg_.bind);
+  if (curve_in_) {
+    std::map<std::string, std::string> accepted;  // raw public key -> node name
+    for (const auto& [name, key] : curve->peer_keys) accepted[z85_key_bytes(key)] = name;
+    zap_ = std::make_unique<ZapDomain>(cfg_.node, std::move(accepted));
+  }
+  if (is_ipc(cfg_.bind)) ensure_private_ipc_dir(cfg_.bind.substr(6));
   for (int ch : {kData, kControl}) {
     in_[ch] = zmq::socket_t(ctx, zmq::socket_type::router);
     set_common(in_[ch], cfg_);
-    // A restarted peer reuses its routing id; without handover its messages are dropped.
-    in_[ch].set(zmq::sockopt::router_handover, 1);
+    if (curve_in_) {
+      in_[ch].set(zmq::sockopt::curve_server, 1);
+      in_[ch].set(zmq::sockopt::curve_secretkey, curve->secret_key);
+      in_[ch].set(zmq::sockopt::zap_domain, zap_->name());
+      // Routing ids are unique per connection here (see link.hpp): a duplicate is a forgery.
+      in_[ch].set(zmq::sockopt::router_handover, 0);
+      // Refuse every client when the ZAP handler is missing (a draft option: where libzmq
+      // lacks it, recv_one() still refuses messages without a User-Id).
+      const int one = 1;
+      (void)zmq_setsockopt(in_[ch].handle(), 93 /* ZMQ_ZAP_ENFORCE_DOMAIN */, &one, sizeof one);
+      watch_handshakes(in_[ch], std::string("incoming ") + channel_name(ch));
+    } else {
+      // A restarted peer reuses its routing id; without handover its messages are dropped.
+      in_[ch].set(zmq::sockopt::router_handover, 1);
+    }
     in_[ch].set(zmq::sockopt::maxmsgsize, cfg_.max_message_bytes);
     try {
       in_[ch].bind(endpoint_[ch]);
@@ -180,6 +229,7 @@ void Links::open() {
       throw std::runtime_error("gateway '" + cfg_.node + "': cannot bind " + channel_name(ch) + " endpoint '" +
                                endpoint_[ch] + "': " + e.what());
     }
+    if (is_ipc(endpoint_[ch])) make_ipc_file_private(endpoint_[ch].substr(6));
   }
   for (auto& [name, ep] : cfg_.peers) {
     auto l = std::make_unique<Link>();
@@ -187,10 +237,21 @@ void Links::open() {
     l->name = name;
     l->endpoint[kData] = ep;
     l->endpoint[kControl] = control_endpoint_for(ep);
+    // Connecting to a socket in a directory others control could reach anyone's listener.
+    if (is_ipc(ep)) ensure_private_ipc_dir(ep.substr(6));
+    const bool curve_out = curve && is_tcp(ep);
     for (int ch : {kData, kControl}) {
       l->out[ch] = zmq::socket_t(ctx, zmq::socket_type::dealer);
       set_common(l->out[ch], cfg_);
-      l->out[ch].set(zmq::sockopt::routing_id, zmq::buffer(cfg_.node));
+      if (curve_out) {
+        l->out[ch].set(zmq::sockopt::curve_serverkey, curve->peer_keys.at(name));
+        l->out[ch].set(zmq::sockopt::curve_publickey, curve->public_key);
+        l->out[ch].set(zmq::sockopt::curve_secretkey, curve->secret_key);
+        l->out[ch].set(zmq::sockopt::routing_id, zmq::buffer(curve_routing_id(cfg_.node)));
+        watch_handshakes(l->out[ch], std::string(channel_name(ch)) + " to '" + name + "'");
+      } else {
+        l->out[ch].set(zmq::sockopt::routing_id, zmq::buffer(cfg_.node));
+      }
       l->out[ch].connect(l->endpoint[ch]);
     }
     index_.emplace(name, l->index);
@@ -200,10 +261,49 @@ void Links::open() {
 
 Links::~Links() {
   stop();
+  for (auto& m : monitors_) {
+    (void)zmq_socket_monitor(m.watched, nullptr, 0);
+    m.events.close();
+  }
   for (auto& l : links_)
     for (auto& s : l->out) s.close();
   for (auto& s : in_) s.close();
   ::close(wake_fd_);
+}
+
+uint64_t Links::auth_denied() const { return zap_ ? zap_->denied() : 0; }
+
+void Links::watch_handshakes(zmq::socket_t& s, const std::string& what) {
+  static std::atomic<uint64_t> next{0};
+  const std::string ep = "inproc://specmesh-monitor-" + std::to_string(session_) + "-" + std::to_string(next++);
+  if (zmq_socket_monitor(s.handle(), ep.c_str(),
+                         ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
+    throw std::runtime_error("gateway '" + cfg_.node + "': cannot monitor a socket: " + zmq_strerror(zmq_errno()));
+  Monitor m{s.handle(), zmq::socket_t(process_context(), zmq::socket_type::pair), what};
+  m.events.set(zmq::sockopt::linger, 0);
+  m.events.connect(ep);
+  monitors_.push_back(std::move(m));
+}
+
+// I/O thread: one event is two frames, (u16 event, u32 value) and the peer's address.
+void Links::read_monitor(std::size_t i) {
+  Monitor& m = monitors_[i];
+  for (int k = 0; k < 64; ++k) {
+    zmq::message_t ev, addr;
+    if (!m.events.recv(ev, zmq::recv_flags::dontwait)) return;
+    if (ev.more()) (void)m.events.recv(addr);
+    if (ev.size() < 6) continue;
+    uint16_t event;
+    uint32_t value;
+    std::memcpy(&event, ev.data(), sizeof event);
+    std::memcpy(&value, static_cast<const char*>(ev.data()) + 2, sizeof value);
+    const uint64_t n = n_handshakes_failed_.fetch_add(1, std::memory_order_relaxed) + 1;
+    // A peer with wrong keys retries every reconnect interval: keep the log readable.
+    if (n <= 10 || n % 100 == 0)
+      spdlog::warn("gateway '{}': CURVE handshake failed on {} ({}): {} (#{} handshake failure)", cfg_.node, m.what,
+                   addr.to_string(), describe_handshake_failure(event, value), n);
+  }
 }
 
 void Links::start(LinkEvents& events) {
@@ -337,7 +437,18 @@ bool Links::recv_one(int ch) {
     if (frames_.size() < kMaxFrames) frames_.push_back(std::move(f));
     else too_many = true;
   }
-  auto it = index_.find(std::string(static_cast<const char*>(id.data()), id.size()));
+  std::string claimed(static_cast<const char*>(id.data()), id.size());
+  if (curve_in_) {
+    // The name part of the routing id (see link.hpp) must be the node whose key ZAP accepted.
+    claimed = claimed.substr(0, claimed.find('\0'));
+    const char* user = frames_.empty() ? nullptr : zmq_msg_gets(frames_[0].handle(), "User-Id");
+    if (user == nullptr || claimed != user) {
+      reject(RejectReason::identity_mismatch, printable(claimed.data(), claimed.size()), ch,
+             user ? "its CURVE key is node '" + std::string(user) + "'s" : std::string("no authenticated CURVE key"));
+      return true;
+    }
+  }
+  auto it = index_.find(claimed);
   if (it == index_.end()) {
     reject(RejectReason::unknown_peer, printable(id.data(), id.size()), ch, "routing id not configured");
     return true;
@@ -430,6 +541,8 @@ void Links::run() {
           item_links_.emplace_back(l.get(), ch);
         }
     }
+    const std::size_t first_monitor = items_.size();
+    for (auto& m : monitors_) items_.push_back({m.events.handle(), 0, ZMQ_POLLIN, 0});
     auto wait = std::chrono::ceil<std::chrono::milliseconds>(events_->next_tick() - Clock::now()).count();
     int rc = zmq_poll(items_.data(), static_cast<int>(items_.size()), std::max<long>(wait, 0));
     if (rc < 0) {
@@ -451,6 +564,8 @@ void Links::run() {
       if (items_[2].revents & ZMQ_POLLIN) {
         for (int i = 0; i < kDataBatch && recv_one(kData); ++i) drain_control();
       }
+      for (std::size_t i = 0; i < monitors_.size(); ++i)
+        if (items_[first_monitor + i].revents & ZMQ_POLLIN) read_monitor(i);
       events_->tick(Clock::now());
     } catch (const zmq::error_t& e) {
       if (e.num() == ETERM) break;

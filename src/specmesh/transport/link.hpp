@@ -22,6 +22,18 @@
 //
 // Rejections (malformed, truncated, wrong version, unknown peer, bad sequence, ...) never
 // stop the gateway: each is logged through spdlog with its reason and counted.
+//
+// CURVE (GatewayConfig::curve, tcp endpoints only): our ROUTERs are CURVE servers with a ZAP
+// domain of their own (zap.hpp), which accepts the configured peers' public keys and names
+// the connection after the key's node (ZeroMQ's User-Id message property). Our DEALERs are
+// CURVE clients that take the peer's public key as server key. A DEALER's routing id is then
+// its node name, a NUL byte and 8 random bytes, new for every socket: the name is what the
+// peer claims, and recv_one() accepts a message only if the User-Id of its connection is that
+// name (RejectReason::identity_mismatch otherwise). The random part keeps routing ids unique
+// per connection, so a restarted peer never collides with its old connection and the ROUTERs
+// can refuse duplicates (ZMQ_ROUTER_HANDOVER off): a key holder claiming another node's name
+// cannot take over that node's connection. Handshake failures on any of these sockets are read
+// from ZeroMQ socket monitors on the I/O thread, counted and logged (rate-limited).
 #pragma once
 
 #include "specmesh/messages/protocol.hpp"
@@ -43,6 +55,12 @@
 #include <vector>
 
 namespace specmesh::gw {
+
+class ZapDomain;
+
+// The ZeroMQ context of every gateway of this process, so that inproc:// links work between
+// them (and one ZAP handler serves them all).
+zmq::context_t& process_context();
 
 using Clock = std::chrono::steady_clock;
 enum Channel : int { kData = 0, kControl = 1 };
@@ -111,6 +129,8 @@ class Links {
   uint64_t sent() const { return n_sent_.load(); }
   uint64_t received() const { return n_received_.load(); }
   uint64_t rejected(RejectReason r) const { return n_rejected_[static_cast<std::size_t>(r)].load(); }
+  uint64_t handshakes_failed() const { return n_handshakes_failed_.load(); }
+  uint64_t auth_denied() const;
 
  private:
   void open();
@@ -123,11 +143,23 @@ class Links {
   void drain_control();
   bool check_sequence(Link& l, int ch, const Envelope& env);
   void reject(RejectReason r, const std::string& peer, int ch, const std::string& detail);
+  // CURVE handshake failures of `s`, read from a socket monitor by the I/O thread.
+  void watch_handshakes(zmq::socket_t& s, const std::string& what);
+  void read_monitor(std::size_t i);
 
   const GatewayConfig& cfg_;
   std::string endpoint_[2];
   uint64_t session_;
   zmq::socket_t in_[2];  // ROUTERs
+  bool curve_in_ = false;  // our ROUTERs are CURVE servers (curve set and a tcp bind)
+  std::unique_ptr<ZapDomain> zap_;
+  struct Monitor {
+    void* watched;        // the monitored socket's handle
+    zmq::socket_t events; // PAIR receiving its events
+    std::string what;     // "incoming data", "control to 'stage1'", ... for logs
+  };
+  std::vector<Monitor> monitors_;
+  std::atomic<uint64_t> n_handshakes_failed_{0};
   std::vector<std::unique_ptr<Link>> links_;
   std::unordered_map<std::string, uint32_t> index_;
   int wake_fd_ = -1;  // wakes the I/O thread: new pending messages, or shutdown

@@ -1,0 +1,111 @@
+// Two network namespaces joined by a veth pair, for tests that run nodes on "different hosts".
+// Needs root and iproute2's `ip`; when either is missing, or the kernel refuses namespaces
+// here, `unavailable` says why and nothing is left behind. Names carry the pid and a counter so
+// parallel test programs never share one; everything is removed in the destructor, which runs
+// on test failures too (processes a test starts inside must be ended by the test, by pid).
+#pragma once
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace specmesh::test {
+
+class NetnsPair {
+ public:
+  std::string a, b;            // namespace names
+  std::string addr_a, addr_b;  // their addresses on the veth pair (10.77.X.1 and 10.77.X.2, /24)
+  std::string unavailable;     // why the pair could not be made; empty when it is there
+
+  NetnsPair() {
+    static std::atomic<int> n{0};
+    const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(n++);
+    a = "specmesh-a-" + tag;
+    b = "specmesh-b-" + tag;
+    // Interface names have at most 15 characters.
+    const std::string short_tag = std::to_string(::getpid() % 100000) + std::to_string(n.load() % 10);
+    veth_a_ = "smva" + short_tag;
+    veth_b_ = "smvb" + short_tag;
+    const std::string net = "10.77." + std::to_string(::getpid() % 250) + ".";
+    addr_a = net + "1";
+    addr_b = net + "2";
+    if (::geteuid() != 0) {
+      unavailable = "not running as root (network namespaces need CAP_SYS_ADMIN)";
+      return;
+    }
+    if (!run({"ip", "-V"})) {
+      unavailable = "iproute2's `ip` is not installed";
+      return;
+    }
+    const std::vector<std::vector<std::string>> steps = {
+        {"ip", "netns", "add", a},
+        {"ip", "netns", "add", b},
+        {"ip", "link", "add", veth_a_, "type", "veth", "peer", "name", veth_b_},
+        {"ip", "link", "set", veth_a_, "netns", a},
+        {"ip", "link", "set", veth_b_, "netns", b},
+        {"ip", "-n", a, "addr", "add", addr_a + "/24", "dev", veth_a_},
+        {"ip", "-n", b, "addr", "add", addr_b + "/24", "dev", veth_b_},
+        {"ip", "-n", a, "link", "set", "lo", "up"},
+        {"ip", "-n", b, "link", "set", "lo", "up"},
+        {"ip", "-n", a, "link", "set", veth_a_, "up"},
+        {"ip", "-n", b, "link", "set", veth_b_, "up"},
+    };
+    made_any_ = true;
+    for (const auto& s : steps) {
+      if (!run(s)) {
+        std::string cmd;
+        for (const auto& w : s) cmd += (cmd.empty() ? "" : " ") + w;
+        unavailable = "`" + cmd + "` failed (no permission for network namespaces here?)";
+        cleanup();
+        return;
+      }
+    }
+  }
+  ~NetnsPair() { cleanup(); }
+  NetnsPair(const NetnsPair&) = delete;
+  NetnsPair& operator=(const NetnsPair&) = delete;
+
+  // argv prefix that runs a command inside namespace `ns`.
+  static std::vector<std::string> in(const std::string& ns) { return {"ip", "netns", "exec", ns}; }
+
+ private:
+  // Runs argv (found on PATH) quietly; true when it exits 0.
+  static bool run(const std::vector<std::string>& argv) {
+    std::vector<std::string> copy = argv;
+    std::vector<char*> args;
+    for (auto& s : copy) args.push_back(s.data());
+    args.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+      const int devnull = ::open("/dev/null", O_WRONLY);
+      ::dup2(devnull, 1);
+      ::dup2(devnull, 2);
+      ::execvp(args[0], args.data());
+      ::_exit(127);
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+
+  void cleanup() {
+    // Deleting a namespace deletes the veth end in it, and with it the pair.
+    if (made_any_) {
+      run({"ip", "netns", "del", a});
+      run({"ip", "netns", "del", b});
+      run({"ip", "link", "del", veth_a_});
+    }
+    made_any_ = false;
+  }
+
+  std::string veth_a_, veth_b_;
+  bool made_any_ = false;
+};
+
+}  // namespace specmesh::test
