@@ -73,7 +73,6 @@ class NetnsPair {
   // argv prefix that runs a command inside namespace `ns`.
   static std::vector<std::string> in(const std::string& ns) { return {"ip", "netns", "exec", ns}; }
 
- private:
   // Runs argv (found on PATH) quietly; true when it exits 0.
   static bool run(const std::vector<std::string>& argv) {
     std::vector<std::string> copy = argv;
@@ -94,6 +93,8 @@ class NetnsPair {
     return WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
 
+
+ private:
   void cleanup() {
     // Deleting a namespace deletes the veth end in it, and with it the pair.
     if (made_any_) {
@@ -106,6 +107,71 @@ class NetnsPair {
 
   std::string veth_a_, veth_b_;
   bool made_any_ = false;
+};
+
+// One namespace joined to this process's own by a veth pair: a "remote host" whose link the
+// test can cut (link_down) and mend (link_up) while the processes on both sides keep running.
+class NetnsHost {
+ public:
+  std::string ns;
+  std::string addr_here, addr_there;  // 10.78.X.1 (this namespace) and 10.78.X.2 (ns), /24
+  std::string unavailable;
+
+  NetnsHost() {
+    static std::atomic<int> n{0};
+    const int k = n++;
+    ns = "specmesh-h-" + std::to_string(::getpid()) + "-" + std::to_string(k);
+    const std::string tag = std::to_string(::getpid() % 100000) + std::to_string(k % 10);
+    veth_here_ = "smhh" + tag;
+    veth_there_ = "smht" + tag;
+    const std::string net = "10.78." + std::to_string((::getpid() + k) % 250) + ".";
+    addr_here = net + "1";
+    addr_there = net + "2";
+    if (::geteuid() != 0) {
+      unavailable = "not running as root (network namespaces need CAP_SYS_ADMIN)";
+      return;
+    }
+    if (!NetnsPair::run({"ip", "-V"})) {
+      unavailable = "iproute2's `ip` is not installed";
+      return;
+    }
+    const std::vector<std::vector<std::string>> steps = {
+        {"ip", "netns", "add", ns},
+        {"ip", "link", "add", veth_here_, "type", "veth", "peer", "name", veth_there_},
+        {"ip", "link", "set", veth_there_, "netns", ns},
+        {"ip", "addr", "add", addr_here + "/24", "dev", veth_here_},
+        {"ip", "-n", ns, "addr", "add", addr_there + "/24", "dev", veth_there_},
+        {"ip", "-n", ns, "link", "set", "lo", "up"},
+        {"ip", "link", "set", veth_here_, "up"},
+        {"ip", "-n", ns, "link", "set", veth_there_, "up"},
+    };
+    made_ = true;
+    for (const auto& s : steps)
+      if (!NetnsPair::run(s)) {
+        std::string cmd;
+        for (const auto& w : s) cmd += (cmd.empty() ? "" : " ") + w;
+        unavailable = "`" + cmd + "` failed (no permission for network namespaces here?)";
+        cleanup();
+        return;
+      }
+  }
+  ~NetnsHost() { cleanup(); }
+  NetnsHost(const NetnsHost&) = delete;
+  NetnsHost& operator=(const NetnsHost&) = delete;
+
+  bool link_down() { return NetnsPair::run({"ip", "link", "set", veth_here_, "down"}); }
+  bool link_up() { return NetnsPair::run({"ip", "link", "set", veth_here_, "up"}); }
+
+ private:
+  void cleanup() {
+    if (made_) {
+      NetnsPair::run({"ip", "netns", "del", ns});
+      NetnsPair::run({"ip", "link", "del", veth_here_});
+    }
+    made_ = false;
+  }
+  std::string veth_here_, veth_there_;
+  bool made_ = false;
 };
 
 }  // namespace specmesh::test

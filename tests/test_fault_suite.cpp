@@ -3,6 +3,8 @@
 //
 //   kill -9          the stage's process is gone
 //   SIGSTOP/SIGCONT  the stage freezes (and thaws once the generation is over)
+//   link dropped     the stage runs in a network namespace of its own and its veth is set
+//                    down (and up again once the generation is over)
 //   100 ms link      every hop takes 100 ms more: slow, but not a fault
 //
 // With a standby the generation completes with the ids of an undisturbed run; without one it
@@ -22,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "netns.hpp"
 #include "ports.hpp"
 #include "private_dir.hpp"
 #include "processes.hpp"
@@ -29,6 +32,7 @@
 #include "specmesh/model/context.hpp"
 #include "specmesh/model/generate.hpp"
 #include "specmesh/runtime.hpp"
+#include "specmesh/runtime/keys.hpp"
 
 using namespace specmesh;
 namespace fs = std::filesystem;
@@ -196,4 +200,87 @@ TEST(FaultSuite, AHundredMillisecondLinkIsSlowNotAFault) {
     std::printf("100 ms link, %s standby: %d tokens in %.1f s, ids equal: %s\n", standby ? "with" : "without",
                 int(r.ids.size()), s, r.ids == want ? "yes" : "no");
   }
+}
+
+// The link of one stage is cut: the stage runs in a network namespace of its own, joined to
+// this one by a veth pair that is set down after 10 tokens. Every node is started by hand
+// (the victim with `ip netns exec`), over tcp with CURVE keys and allow_remote.
+TEST(FaultSuite, ALinkDroppedOnEachStageWithAndWithoutAStandby) {
+  SPECMESH_REQUIRE_REFDATA();
+  test::NetnsHost ns;
+  if (!ns.unavailable.empty()) GTEST_SKIP() << "\n\n*** LINK-DROP FAULTS NOT RUN: " << ns.unavailable << " ***\n";
+  const std::string model = test::refdata("gguf-models/stories260K.gguf");
+  const auto want = reference(model, 48);
+  std::vector<Row> rows;
+  int index = 0;
+  for (bool standby : {true, false})
+    for (const std::string victim : {"n0", "n1", "n2"}) {
+      Row row{"link down", victim, standby};
+      const std::string dir = test::private_dir(tmpdir() + "/drop-" + std::to_string(index++));
+      const std::vector<std::string> names = {"head", "n0", "n1", "n2", "spare"};
+      for (const std::string& n : names) write_node_keys(dir + "/keys", n);
+      const std::string config = dir + "/faults.toml";
+      {
+        std::ofstream f(config);
+        f << "[run]\nmodel = \"m\"\nn_predict = 48\ntemperature = 0.0\n[security]\nkeys = \"keys\"\nallow_remote = true\n";
+        f << "[models.m]\npath = \"" << model << "\"\n";
+        for (const std::string& n : names)
+          f << "[nodes." << n << "]\nendpoint = \"tcp://" << (n == victim ? ns.addr_there : ns.addr_here) << ":"
+            << test::free_port_pair() << "\"\n" << (n == "head" ? "head = true\n" : "");
+        for (int i = 0; i < 3; ++i) f << "[devices.cpu" << i << "]\nnode = \"n" << i << "\"\nprofile = { layer_ms = 3.0 }\n";
+        if (standby) f << "[devices.standby]\nnode = \"spare\"\nstandby = true\nprofile = { layer_ms = 3.0 }\n";
+        f << "[[stages]]\ndevice = \"cpu0\"\nlayers = [0, 2]\n[[stages]]\ndevice = \"cpu1\"\nlayers = [2, 4]\n"
+          << "[[stages]]\ndevice = \"cpu2\"\nlayers = [4, 5]\n";
+      }
+      std::vector<pid_t> pids;
+      for (const std::string& n : names) {
+        if (n == "head") continue;
+        std::vector<std::string> argv;
+        if (n == victim) argv = test::NetnsPair::in(ns.ns);
+        argv.insert(argv.end(), {SPECMESH_CLI_PATH, "node", "--config", config, "--name", n});
+        pids.push_back(test::start_process(argv, dir + "/" + n + ".log"));
+      }
+      Clock::time_point cut{}, after{};
+      GenerationResult r;
+      try {
+        Runtime rt(Topology::load(config), RuntimeOptions{});
+        int seen = 0;
+        r = rt.generate({.prompt = kPrompt, .n_predict = 48, .ignore_eos = true}, [&](int32_t, const std::string&) {
+          ++seen;
+          if (seen == 11 && cut != Clock::time_point{}) after = Clock::now();
+          if (seen == 10) {
+            cut = Clock::now();
+            EXPECT_TRUE(ns.link_down());
+          }
+          return true;
+        });
+        if (!r.ok() && cut != Clock::time_point{}) after = Clock::now();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << victim << ": " << e.what();
+      }
+      EXPECT_TRUE(ns.link_up());
+      // The nodes end on SIGTERM, the victim too once its link is back; none needs SIGKILL.
+      for (pid_t p : pids) ::kill(p, SIGTERM);
+      for (pid_t p : pids)
+        if (!test::wait_exit(p, std::chrono::seconds(5))) {
+          row.orphans = true;
+          ::kill(p, SIGKILL);
+          ::waitpid(p, nullptr, 0);
+        }
+      row.completed = r.ok();
+      row.ids_equal = r.ids == want;
+      if (after != Clock::time_point{}) row.detected_s = std::chrono::duration<double>(after - cut).count();
+      if (standby) {
+        EXPECT_TRUE(r.ok()) << victim << ": " << r.error;
+        EXPECT_EQ(r.ids, want) << victim;
+      } else {
+        EXPECT_FALSE(r.ok()) << victim;
+        EXPECT_NE(r.error.find("node '" + victim + "' stopped answering"), std::string::npos) << r.error;
+      }
+      EXPECT_GE(row.detected_s, 0) << victim;
+      EXPECT_LT(row.detected_s, 2.0) << victim;
+      EXPECT_FALSE(row.orphans) << victim;
+      rows.push_back(row);
+    }
+  print(rows);
 }

@@ -43,22 +43,6 @@ struct TestDir {
 };
 
 // Starts argv (the first word found on PATH, or a path) with stdout and stderr to `output`.
-pid_t spawn(const std::vector<std::string>& argv, const std::string& output) {
-  std::vector<std::string> copy = argv;
-  std::vector<char*> args;
-  for (auto& s : copy) args.push_back(s.data());
-  args.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int fd = ::open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::execvp(args[0], args.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
 // Ends the processes it holds (SIGTERM, then SIGKILL), also when a test fails half-way.
 struct Started {
   std::vector<pid_t> pids;
@@ -104,11 +88,11 @@ void run_hand_started(const std::string& head_addr, const std::string& stage_add
 
   // Without keys a hand-started node refuses to start, naming what is missing.
   const std::string keyless = dir.path + "/keyless.log";
-  const pid_t k = spawn({cli, "node", "--config", topo, "--name", "stage0"}, keyless);
+  const pid_t k = test::start_process({cli, "node", "--config", topo, "--name", "stage0"}, keyless);
   EXPECT_EQ(test::wait_exit(k, 10000ms), std::optional<int>(1));
   EXPECT_NE(test::read_file(keyless).find("cannot read the secret key file"), std::string::npos) << test::read_file(keyless);
 
-  ASSERT_EQ(test::wait_exit(spawn({cli, "keygen", "--topology", topo}, dir.path + "/keygen.log"), 10000ms),
+  ASSERT_EQ(test::wait_exit(test::start_process({cli, "keygen", "--topology", topo}, dir.path + "/keygen.log"), 10000ms),
             std::optional<int>(0))
       << test::read_file(dir.path + "/keygen.log");
 
@@ -116,12 +100,12 @@ void run_hand_started(const std::string& head_addr, const std::string& stage_add
   for (const std::string name : {"stage0", "stage1"}) {
     std::vector<std::string> argv = wrap_stages;
     argv.insert(argv.end(), {cli, "node", "--config", topo, "--name", name});
-    nodes.pids.push_back(spawn(argv, dir.path + "/" + name + ".log"));
+    nodes.pids.push_back(test::start_process(argv, dir.path + "/" + name + ".log"));
   }
   std::vector<std::string> head = wrap_head;
   head.insert(head.end(), {cli, "run", topo, "-p", kPrompt, "-n", std::to_string(kTokens), "--json"});
   const std::string head_log = dir.path + "/head.log";
-  const pid_t h = spawn(head, head_log);
+  const pid_t h = test::start_process(head, head_log);
   const auto status = test::wait_exit(h, 60000ms);
   if (!status) {
     ::kill(h, SIGKILL);
@@ -132,7 +116,7 @@ void run_hand_started(const std::string& head_addr, const std::string& stage_add
   const nlohmann::json got = last_json(test::read_file(head_log));
 
   const std::string ref_log = dir.path + "/reference.log";
-  ASSERT_EQ(test::wait_exit(spawn({cli, "generate", "-m", test::refdata("gguf-models/stories260K.gguf"), "-p", kPrompt,
+  ASSERT_EQ(test::wait_exit(test::start_process({cli, "generate", "-m", test::refdata("gguf-models/stories260K.gguf"), "-p", kPrompt,
                                    "-n", std::to_string(kTokens), "--temp", "0", "--json"},
                                   ref_log),
                             60000ms),
@@ -173,11 +157,11 @@ TEST(MultiHost, NonLoopbackNeedsAllowRemote) {
                       << "[nodes.stage0]\nendpoint = \"tcp://" << ns.addr_b << ":47320\"\n"
                       << "[devices.cpu0]\nnode = \"stage0\"\n";
   const std::string cli = SPECMESH_CLI_PATH;
-  ASSERT_EQ(test::wait_exit(spawn({cli, "keygen", "--topology", topo}, dir.path + "/keygen.log"), 10000ms),
+  ASSERT_EQ(test::wait_exit(test::start_process({cli, "keygen", "--topology", topo}, dir.path + "/keygen.log"), 10000ms),
             std::optional<int>(0));
   std::vector<std::string> argv = test::NetnsPair::in(ns.b);
   argv.insert(argv.end(), {cli, "node", "--config", topo, "--name", "stage0"});
-  const pid_t p = spawn(argv, dir.path + "/node.log");
+  const pid_t p = test::start_process(argv, dir.path + "/node.log");
   const auto status = test::wait_exit(p, 10000ms);
   if (!status) ::kill(p, SIGKILL), ::waitpid(p, nullptr, 0);
   EXPECT_EQ(status, std::optional<int>(1));
