@@ -11,12 +11,15 @@
 #include <string>
 
 #include "private_dir.hpp"
+#include "actor_harness.hpp"
 #include "refdata.hpp"
+#include "specmesh/actors/head_host.hpp"
 #include "specmesh/actors/run_deadlines.hpp"
 #include "specmesh/actors/run_ids.hpp"
 #include "specmesh/model/synthetic.hpp"
 #include "specmesh/runtime.hpp"
 #include "specmesh/transport/gateway.hpp"
+#include "specmesh/transport/router.hpp"
 
 using namespace specmesh;
 using Clock = std::chrono::steady_clock;
@@ -139,4 +142,46 @@ TEST(RunDeadlines, APeerThatSwallowsRunsEndsTheRunWithAClearError) {
   const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
   EXPECT_LT(waited, 6.0);
   std::filesystem::remove_all(dir);
+}
+
+// A strategy that launched runs without bound would flood the stages (they refuse beyond
+// their own cap, but the session would never end): the head's host refuses the run past
+// max_runs_in_flight with an error, and takes runs again once earlier ones settle.
+TEST(RunDeadlines, ASessionCannotHaveMoreThanItsCapOfRunsInFlight) {
+  test::System sys;
+  GatewayConfig gc;
+  gc.node = "head";
+  gc.bind = "inproc://session-cap-" + test::unique_tag();
+  Gateway gw(gc);
+  auto router = std::make_shared<Router>("head", &gw, LinkProfile{});
+  router->set_local(sys.sys->spawn([](caf::event_based_actor*) -> caf::behavior {
+    return {[](const std::string&, const Envelope&) {}};  // a pipeline that never answers
+  }));
+  HeadConfig cfg;
+  cfg.strategy = &strategy("ar");
+  PipelineRef p;
+  p.role = kTargetRole;
+  p.model = tiny_model();
+  p.nodes = {"head"};
+  p.first_node = "head";
+  cfg.pipelines[kTargetRole] = p;
+  cfg.router = router;
+  cfg.max_runs_in_flight = 5;
+  auto session = std::make_shared<Session>();
+  session->request.prompt = "hi";
+  RunIds ids;
+  HeadHost host(cfg, session, ids);
+  Batch b;
+  b.add(1, 0, seq_bit(0), true);
+  std::vector<uint64_t> runs;
+  for (int i = 0; i < 5; ++i) runs.push_back(host.launch(kTargetRole, b, false));
+  try {
+    host.launch(kTargetRole, b, false);
+    FAIL() << "the sixth run should be refused";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("5 runs in flight"), std::string::npos) << e.what();
+  }
+  host.cancel(kTargetRole, {runs[0]});
+  EXPECT_NO_THROW(host.launch(kTargetRole, b, false));
+  router->close();
 }

@@ -76,6 +76,10 @@ struct HeadConfig {
   std::vector<Placement> placement;
   std::vector<Standby> standbys;        // not yet used
   std::chrono::milliseconds failover_timeout{5000};  // replan answered and pipeline restarted
+  // Runs one session may have launched and not yet seen answered or cancelled: far above
+  // what any strategy keeps in flight (pipeinfer: about 30), so reaching it is a bug that
+  // ends the session instead of flooding the stages.
+  std::size_t max_runs_in_flight = 512;
   // How long a run may take before it is called lost (see actors/run_deadlines.hpp).
   std::chrono::milliseconds run_deadline_floor{2000};
   double run_deadline_factor = 4;

@@ -40,6 +40,9 @@ bool HeadHost::has_role(const std::string& role) const { return cfg_.pipelines.c
 
 uint64_t HeadHost::launch(const std::string& role, const Batch& batch, bool speculative) {
   const PipelineRef& p = pipeline(role);
+  if (deadlines_.outstanding() >= cfg_.max_runs_in_flight)
+    throw std::runtime_error("the session has " + std::to_string(deadlines_.outstanding()) +
+                             " runs in flight, the most one may have; generation aborted");
   const uint64_t run = ids_.next();
   if (!cfg_.router->send(p.first_node, make_envelope(run, to_run_start(p.role, batch, speculative))))
     throw std::runtime_error("node '" + p.first_node + "' of pipeline '" + p.role + "' is not reachable");
