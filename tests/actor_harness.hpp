@@ -18,6 +18,7 @@
 #include <chrono>
 #include <deque>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -30,6 +31,40 @@
 namespace specmesh::test {
 
 inline constexpr std::chrono::milliseconds kWait{5000};  // bound for what should take milliseconds
+
+// A gateway that notices a silent peer within 250 ms and closes at once.
+inline GatewayConfig quick_gateway(std::string node, std::string bind, std::map<std::string, std::string> peers) {
+  GatewayConfig c;
+  c.node = std::move(node);
+  c.bind = std::move(bind);
+  c.peers = std::move(peers);
+  c.heartbeat = std::chrono::milliseconds(50);
+  c.peer_timeout = std::chrono::milliseconds(250);
+  c.linger = std::chrono::milliseconds(0);
+  return c;
+}
+
+// Node `node` of a mesh whose every node's endpoint is in `eps` (the others are its peers).
+inline GatewayConfig mesh_gateway(const std::string& node, const std::map<std::string, std::string>& eps,
+                                  std::chrono::milliseconds peer_timeout) {
+  GatewayConfig c;
+  c.node = node;
+  c.bind = eps.at(node);
+  for (const auto& [n, ep] : eps)
+    if (n != node) c.peers[n] = ep;
+  c.linger = std::chrono::milliseconds(0);
+  c.peer_timeout = peer_timeout;
+  return c;
+}
+
+// An f32 tensor of `shape` holding base, base + 1, base + 2, ...
+inline Tensor float_tensor(std::vector<int64_t> shape, float base) {
+  std::size_t n = 1;
+  for (auto d : shape) n *= std::size_t(d);
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = base + float(i);
+  return Tensor::from(WireDType::f32, std::move(shape), std::move(v));
+}
 
 struct System {
   caf::actor_system_config cfg;

@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "specmesh/runtime.hpp"
 
 namespace specmesh::test {
@@ -117,6 +119,15 @@ inline std::optional<int> wait_exit(pid_t pid, std::chrono::milliseconds timeout
   const bool ended = wait_until([&] { return ::waitpid(pid, &status, WNOHANG) == pid; }, timeout);
   if (!ended) return std::nullopt;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// The JSON object a --json run printed: its last line that is one (null when none is).
+inline nlohmann::json last_json(const std::string& out) {
+  std::istringstream in(out);
+  std::string line, json;
+  while (std::getline(in, line))
+    if (!line.empty() && line[0] == '{') json = line;
+  return nlohmann::json::parse(json.empty() ? "null" : json);
 }
 
 inline std::string read_file(const std::string& path) {

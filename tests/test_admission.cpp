@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "actor_harness.hpp"
+#include "synthetic_model.hpp"
 #include "specmesh/actors/admission.hpp"
 #include "specmesh/actors/stage.hpp"
 #include "specmesh/devices/device.hpp"
@@ -101,31 +102,10 @@ TEST(KvOpsProblem, OnlySequencesTheCacheHas) {
             "sequence id 70 out of range (the KV cache has 64 sequences, 0..63)");
 }
 
-std::shared_ptr<const Model> model() {
-  struct File {
-    std::string path = (std::filesystem::temp_directory_path() / ("specmesh-admission-" + unique_tag() + ".gguf")).string();
-    ~File() { std::filesystem::remove(path); }
-  };
-  static File file;
-  static std::shared_ptr<const Model> m = [] {
-    SyntheticSpec s = *synthetic_preset("tiny-qwen3");
-    s.seed = 5;
-    s.n_threads = 1;
-    write_synthetic_model(s, file.path);
-    return std::shared_ptr<const Model>(Model::load(file.path));
-  }();
-  return m;
-}
+std::shared_ptr<const Model> model() { return test::synthetic_model("tiny-qwen3", 5); }
 
 GatewayConfig gateway_config(const std::string& node, const std::map<std::string, std::string>& eps) {
-  GatewayConfig c;
-  c.node = node;
-  c.bind = eps.at(node);
-  for (const auto& [n, ep] : eps)
-    if (n != node) c.peers[n] = ep;
-  c.linger = 0ms;
-  c.peer_timeout = 2s;
-  return c;
+  return mesh_gateway(node, eps, 2s);
 }
 
 // A stage node "s0" whose device takes 100 ms per run (4 layers of 25 ms), a head that receives its logits and

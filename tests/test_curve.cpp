@@ -32,14 +32,7 @@ namespace fs = std::filesystem;
 std::string tcp_ep() { return "tcp://127.0.0.1:" + std::to_string(free_port_pair()); }
 
 GatewayConfig config(std::string node, std::string bind, std::map<std::string, std::string> peers) {
-  GatewayConfig c;
-  c.node = std::move(node);
-  c.bind = std::move(bind);
-  c.peers = std::move(peers);
-  c.heartbeat = 50ms;
-  c.peer_timeout = 250ms;
-  c.linger = 0ms;
-  return c;
+  return quick_gateway(std::move(node), std::move(bind), std::move(peers));
 }
 
 // A mesh of named nodes with a key pair each; curve_for(n) is node n's view of it.
@@ -60,14 +53,6 @@ struct Keys {
     return c;
   }
 };
-
-Tensor float_tensor(std::vector<int64_t> shape, float base) {
-  std::size_t n = 1;
-  for (auto d : shape) n *= d;
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = base + float(i);
-  return Tensor::from(WireDType::f32, std::move(shape), std::move(v));
-}
 
 // A hand-driven DEALER pair speaking to a gateway's two ROUTERs, with whatever keys and
 // routing id a hostile peer might use (no keys at all when `client` is empty).

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "specmesh/model/model.hpp"
+#include "processes.hpp"
 #include "refdata.hpp"
 #include "specmesh/topology.hpp"
 
@@ -72,14 +73,6 @@ struct TmpCleanup : ::testing::Environment {
 };
 [[maybe_unused]] auto* const tmp_cleanup = ::testing::AddGlobalTestEnvironment(new TmpCleanup);
 
-// The JSON object a --json run printed: its last line that is one.
-nlohmann::json last_json(const std::string& out) {
-  std::istringstream in(out);
-  std::string line, json;
-  while (std::getline(in, line))
-    if (!line.empty() && line[0] == '{') json = line;
-  return nlohmann::json::parse(json.empty() ? "null" : json);
-}
 
 nlohmann::json generate_reference(int n) {
   auto r = shell(cli("generate -m " + refdata_path() + " -p '" + kPrompt + "' -n " + std::to_string(n) + " --temp 0 --json"));
@@ -134,7 +127,7 @@ TEST(Examples, RunJsonMatchesGenerateJson) {
   const nlohmann::json want = generate_reference(32);
   auto r = shell(cli("run " + kExamples + "single-process.toml -p '" + kPrompt + "' -n 32 --json"));
   ASSERT_EQ(r.status, 0) << r.out;
-  const nlohmann::json got = last_json(r.out);
+  const nlohmann::json got = test::last_json(r.out);
   ASSERT_TRUE(got.is_object()) << r.out;
   for (const char* k : {"prompt_ids", "ids", "text", "stats"}) {
     EXPECT_TRUE(want.contains(k)) << "generate: " << k;
@@ -169,7 +162,7 @@ TEST(Examples, EveryTopologyGeneratesTheTokensOfGenerate) {
     SCOPED_TRACE(name);
     auto r = shell(cli("run " + kExamples + name + " --spawn -p '" + kPrompt + "' -n 32 --json"));
     ASSERT_EQ(r.status, 0) << r.out;
-    const nlohmann::json got = last_json(r.out);
+    const nlohmann::json got = test::last_json(r.out);
     ASSERT_TRUE(got.is_object()) << r.out;
     EXPECT_EQ(got["prompt_ids"], want["prompt_ids"]);
     EXPECT_EQ(got["ids"], want["ids"]);

@@ -45,14 +45,7 @@ bool has_ipv6_loopback() {
 }
 
 GatewayConfig config(std::string node, std::string bind, std::map<std::string, std::string> peers) {
-  GatewayConfig c;
-  c.node = std::move(node);
-  c.bind = std::move(bind);
-  c.peers = std::move(peers);
-  c.heartbeat = 50ms;
-  c.peer_timeout = 250ms;
-  c.linger = 0ms;
-  return c;
+  return quick_gateway(std::move(node), std::move(bind), std::move(peers));
 }
 
 // Routes spdlog's default logger into a ring buffer for the lifetime of the object.
@@ -67,14 +60,6 @@ struct LogCapture {
     return false;
   }
 };
-
-Tensor float_tensor(std::vector<int64_t> shape, float base) {
-  std::size_t n = 1;
-  for (auto d : shape) n *= d;
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = base + float(i);
-  return Tensor::from(WireDType::f32, std::move(shape), std::move(v));
-}
 
 // A hand-driven peer speaking raw ZeroMQ, for feeding the gateway arbitrary frames.
 struct RawPeer {

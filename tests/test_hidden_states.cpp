@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "actor_harness.hpp"
+#include "synthetic_model.hpp"
 #include "specmesh/actors/stage.hpp"
 #include "specmesh/devices/device.hpp"
 #include "specmesh/kernels/ggml_types.hpp"
@@ -31,21 +32,7 @@ constexpr int kCtx = 64;
 const std::string kPipeline = "target";
 
 // A random-weight qwen3 (4 layers, n_embd 256, q/k norms), written once per test program.
-std::shared_ptr<const Model> model() {
-  struct File {
-    std::string path = (std::filesystem::temp_directory_path() / ("specmesh-hidden-" + unique_tag() + ".gguf")).string();
-    ~File() { std::filesystem::remove(path); }
-  };
-  static File file;
-  static std::shared_ptr<const Model> m = [] {
-    SyntheticSpec s = *synthetic_preset("tiny-qwen3");
-    s.seed = 11;
-    s.n_threads = 1;
-    write_synthetic_model(s, file.path);
-    return std::shared_ptr<const Model>(Model::load(file.path));
-  }();
-  return m;
-}
+std::shared_ptr<const Model> model() { return test::synthetic_model("tiny-qwen3", 11); }
 
 // The runs every test sends, in order: a prompt with logits for its last token only (taps
 // still carry every row), then one more token, which reads the KV cache the first one wrote.
@@ -79,14 +66,7 @@ Endpoints endpoints(const std::string& transport, std::initializer_list<const ch
 }
 
 GatewayConfig gateway_config(const std::string& node, const Endpoints& eps) {
-  GatewayConfig c;
-  c.node = node;
-  c.bind = eps.at(node);
-  for (const auto& [n, ep] : eps)
-    if (n != node) c.peers[n] = ep;
-  c.linger = 0ms;
-  c.peer_timeout = 1s;  // the sink takes errors: no false peer_down on a loaded machine
-  return c;
+  return mesh_gateway(node, eps, 1s);  // the sink takes errors: no false peer_down on a loaded machine
 }
 
 struct Taps {

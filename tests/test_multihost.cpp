@@ -58,13 +58,6 @@ struct Started {
   }
 };
 
-nlohmann::json last_json(const std::string& out) {
-  std::istringstream in(out);
-  std::string line, json;
-  while (std::getline(in, line))
-    if (!line.empty() && line[0] == '{') json = line;
-  return nlohmann::json::parse(json.empty() ? "null" : json);
-}
 
 // The head on `head_addr`, two stages on `stage_addr`; `wrap_head` / `wrap_stages` prefix the
 // commands (ip netns exec NS). Checks the tokens against a single-process run.
@@ -113,7 +106,7 @@ void run_hand_started(const std::string& head_addr, const std::string& stage_add
   }
   ASSERT_EQ(status, std::optional<int>(0)) << test::read_file(head_log) << "\nstage0:\n"
                                            << test::read_file(dir.path + "/stage0.log");
-  const nlohmann::json got = last_json(test::read_file(head_log));
+  const nlohmann::json got = test::last_json(test::read_file(head_log));
 
   const std::string ref_log = dir.path + "/reference.log";
   ASSERT_EQ(test::wait_exit(test::start_process({cli, "generate", "-m", test::refdata("gguf-models/stories260K.gguf"), "-p", kPrompt,
@@ -121,7 +114,7 @@ void run_hand_started(const std::string& head_addr, const std::string& stage_add
                                   ref_log),
                             60000ms),
             std::optional<int>(0));
-  const nlohmann::json want = last_json(test::read_file(ref_log));
+  const nlohmann::json want = test::last_json(test::read_file(ref_log));
   ASSERT_TRUE(got.is_object() && want.is_object()) << test::read_file(head_log);
   EXPECT_EQ(got["ids"].size(), size_t(kTokens));
   EXPECT_EQ(got["prompt_ids"], want["prompt_ids"]);

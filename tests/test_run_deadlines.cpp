@@ -13,6 +13,7 @@
 #include "private_dir.hpp"
 #include "actor_harness.hpp"
 #include "refdata.hpp"
+#include "synthetic_model.hpp"
 #include "specmesh/actors/head_host.hpp"
 #include "specmesh/actors/run_deadlines.hpp"
 #include "specmesh/actors/run_ids.hpp"
@@ -46,17 +47,7 @@ TEST(RunIds, AreNonZeroDistinctAndNotACounter) {
 
 namespace {
 
-std::shared_ptr<const Model> tiny_model() {
-  static std::shared_ptr<const Model> m = [] {
-    SyntheticSpec s = *synthetic_preset("tiny-llama");
-    const std::string path = std::filesystem::temp_directory_path() / ("specmesh-deadlines-" + std::to_string(::getpid()) + ".gguf");
-    write_synthetic_model(s, path);
-    auto model = Model::load(path, "");
-    std::filesystem::remove(path);
-    return std::shared_ptr<const Model>(std::move(model));
-  }();
-  return m;
-}
+std::shared_ptr<const Model> tiny_model() { return test::synthetic_model("tiny-llama", 1); }
 
 PipelinePrice price(std::optional<DeviceProfile> profile, LinkProfile link = {}) {
   PipelinePrice p;

@@ -275,28 +275,26 @@ void handle(PairState& ps, const std::string& from, const Envelope& env) {
     if (!place) report_refusal(sc, *g->stats, run, too_many_runs(from, ps.admission.max_per_sender()));
     return place;
   };
+  // Group 0 hands the work it takes on to its partner, addressed to the partner's pipeline.
+  auto to_partner = [&](auto work) {
+    if (g->cfg.self != 0) return;
+    work.pipeline = g->cfg.peer_pipeline;
+    sc.router->send(g->cfg.peer_node, make_envelope(run, std::move(work)));
+  };
   if (const auto* s = std::get_if<AttentionSync>(&env.payload)) {
     g->inbox.put(run, *s);
   } else if (const auto* r = std::get_if<RunStart>(&env.payload)) {
     if (std::string why = run_problem(*r, ps.n_cells); !why.empty()) return report_refusal(sc, *g->stats, run, why);
     auto place = admit();
     if (!place) return;
-    if (g->cfg.self == 0) {
-      RunStart fwd = *r;
-      fwd.pipeline = g->cfg.peer_pipeline;
-      sc.router->send(g->cfg.peer_node, make_envelope(run, std::move(fwd)));
-    }
+    to_partner(*r);
     schedule_run(g, run, *r, std::move(place));
   } else if (const auto* k = std::get_if<KvCacheOp>(&env.payload)) {
     if (std::string why = kv_ops_problem(k->ops); !why.empty())
       return report_refusal(sc, *g->stats, run, "KV-cache operation refused: " + why);
     auto place = admit();
     if (!place) return;
-    if (g->cfg.self == 0) {
-      KvCacheOp fwd = *k;
-      fwd.pipeline = g->cfg.peer_pipeline;
-      sc.router->send(g->cfg.peer_node, make_envelope(run, std::move(fwd)));
-    }
+    to_partner(*k);
     schedule_kv_ops(g, run, *k, std::move(place));
   } else if (const auto* c = std::get_if<Cancel>(&env.payload)) {
     if (g->cfg.self == 0 && from != g->cfg.peer_node) sc.router->send(g->cfg.peer_node, env);
