@@ -168,6 +168,22 @@ std::function<void(uint64_t)> fake_head(const Topology& topo, std::optional<Curv
   };
 }
 
+// A gateway without keys that claims to be the last stage and keeps sending the head logits
+// for every run id it might guess.
+std::function<void(uint64_t)> fake_last_stage(const Topology& topo) {
+  GatewayConfig gc;
+  gc.node = "n1";
+  gc.bind = tcp();
+  gc.peers = {{"head", topo.nodes.at("head").endpoint}};
+  auto gw = std::make_shared<Gateway>(gc);
+  std::vector<float> row(512, -10.f);
+  row[7] = 10.f;
+  const Tensor t = Tensor::from(WireDType::f32, {1, 512}, row);
+  return [gw, t](uint64_t v) {
+    for (uint64_t id = 1; id <= 16; ++id) gw->send("head", make_envelope(v * 16 + id, Logits{"target", {0}, t}));
+  };
+}
+
 CurveConfig keys_of(const Topology& topo, const CurveKeyPair& pair) {
   CurveConfig c;
   c.public_key = pair.public_key;
@@ -281,6 +297,7 @@ std::function<void(uint64_t)> replayer(const Topology& topo) {
 std::vector<Attack> key_attacks() {
   std::vector<Attack> a;
   a.push_back({"forged head without keys", {}, 3, [](const Topology& t) { return fake_head(t, std::nullopt); }});
+  a.push_back({"forged last stage without keys", {}, 3, [](const Topology& t) { return fake_last_stage(t); }});
   a.push_back({"forged head with keys nobody listed", {}, 3,
                [](const Topology& t) { return fake_head(t, keys_of(t, curve_keypair())); }});
   a.push_back({"name takeover: intruder's key as 'head'", {}, 3, [](const Topology& t) {
@@ -330,7 +347,8 @@ Outcome attacked_generation(Runtime& rt, Gateway& intruder, const Attack& attack
 }  // namespace
 
 // Attackers without the right keys try to pass as the head (no keys, keys nobody listed, the
-// intruder's key under the head's name, replayed bytes of an earlier head session), and an
+// intruder's key under the head's name, replayed bytes of an earlier head session) or as the
+// last stage (no keys, sending logits), and an
 // intruder with a valid identity but no role sends what only the head or a stage may:
 // cancels for guessed ids, cache wipes, run starts, activations, logits, errors, an oversized
 // frame. Before role checks and random run ids, all seven role attacks changed the output.
