@@ -138,10 +138,15 @@ void on_replanned(HeadState& st, const std::string& from, const Replan& r) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - st.failover->began).count();
   spdlog::info("head: stages of node '{}' now run on device '{}' of node '{}' ({:.0f} ms)", st.failover->plan.down,
                st.failover->plan.standby.device, st.failover->plan.standby.node, ms);
+  const std::string down = st.failover->plan.down;
   st.failover.reset();
   if (!st.host || st.host->done()) return;
   ++st.host->metrics().failovers;
-  start_strategy(st);
+  try {
+    start_strategy(st);
+  } catch (const std::exception& e) {
+    st.host->finish("after moving the stages of node '" + down + "': " + e.what());
+  }
 }
 
 // A stage's error about one of this session's runs (or about no run: a cache operation) ends
@@ -221,6 +226,28 @@ void check_deadlines(HeadState& st) {
 
 namespace {
 
+// A message from a node that may send it.
+void handle(HeadState& st, const std::string& from, const Envelope& env) {
+  if (const auto* e = std::get_if<Error>(&env.payload); e && e->code == ErrorCode::peer_down)
+    return on_peer_down(st, e->peer);
+  if (const auto* r = std::get_if<Replan>(&env.payload)) return on_replanned(st, from, *r);
+  if (!st.host || !st.strategy) return;  // between sessions, or paused by a failover
+  try {
+    if (const auto* l = std::get_if<Logits>(&env.payload)) {
+      st.host->deadlines().settled(env.run_id);
+      st.strategy->on_logits(env.run_id, *l);
+    } else if (const auto* h = std::get_if<HiddenStates>(&env.payload)) {
+      st.strategy->on_hidden_states(env.run_id, *h);
+    } else if (const auto* a = std::get_if<AttentionSync>(&env.payload)) {
+      st.strategy->on_attention_report(env.run_id, *a);
+    } else if (const auto* e = std::get_if<Error>(&env.payload)) {
+      on_error(st, env.run_id, *e);
+    }
+  } catch (const std::exception& ex) {
+    st.host->finish(ex.what());
+  }
+}
+
 // Schedules the next deadline check while a session runs.
 void arm(caf::stateful_actor<HeadState>* self) {
   if (self->state.ticking || (!self->state.host && !self->state.failover)) return;
@@ -246,32 +273,8 @@ caf::actor spawn_head(caf::actor_system& sys, HeadConfig cfg) {
           arm(self);
         },
         [self](const std::string& from, const Envelope& env) {
-          auto& st = self->state;
-          if (!allowed(st, from, env)) return;
-          if (const auto* e = std::get_if<Error>(&env.payload); e && e->code == ErrorCode::peer_down) {
-            on_peer_down(st, e->peer);
-          } else if (const auto* r = std::get_if<Replan>(&env.payload)) {
-            on_replanned(st, from, *r);
-          } else if (!st.host || !st.strategy) {
-            return;  // between sessions, or paused by a failover
-          }
-          if (!st.host || !st.strategy) {
-            settle(st);
-            arm(self);
-            return;
-          }
-          try {
-            if (const auto* l = std::get_if<Logits>(&env.payload)) {
-              st.host->deadlines().settled(env.run_id);
-              st.strategy->on_logits(env.run_id, *l);
-            }
-            else if (const auto* h = std::get_if<HiddenStates>(&env.payload)) st.strategy->on_hidden_states(env.run_id, *h);
-            else if (const auto* a = std::get_if<AttentionSync>(&env.payload)) st.strategy->on_attention_report(env.run_id, *a);
-            else if (const auto* e = std::get_if<Error>(&env.payload); e && e->code != ErrorCode::peer_down) on_error(st, env.run_id, *e);
-          } catch (const std::exception& ex) {
-            st.host->finish(ex.what());
-          }
-          settle(st);
+          if (allowed(self->state, from, env)) handle(self->state, from, env);
+          settle(self->state);
           arm(self);
         },
     };
