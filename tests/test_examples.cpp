@@ -87,6 +87,7 @@ TEST(Examples, EveryTopologyParsesAndItsLayersResolve) {
   const std::map<std::string, size_t> nodes = {{"single-process.toml", 1},
                                                {"pipeline-2stage-ipc.toml", 3},
                                                {"pipeline-3stage-tcp.toml", 4},
+                                               {"pipeline-3stage-standby.toml", 5},
                                                {"emulated-cluster.toml", 4},
                                                {"alspec-pair.toml", 3}};
   std::set<std::string> found;
@@ -157,8 +158,8 @@ TEST(Examples, EveryTopologyGeneratesTheTokensOfGenerate) {
   SPECMESH_REQUIRE_REFDATA();
   const nlohmann::json want = generate_reference(32);
   // alspec-pair: with these contexts under 2 x window keys every speculation is exact.
-  for (const char* name : {"pipeline-2stage-ipc.toml", "pipeline-3stage-tcp.toml", "emulated-cluster.toml",
-                           "single-process.toml", "alspec-pair.toml"}) {
+  for (const char* name : {"pipeline-2stage-ipc.toml", "pipeline-3stage-tcp.toml", "pipeline-3stage-standby.toml",
+                           "emulated-cluster.toml", "single-process.toml", "alspec-pair.toml"}) {
     SCOPED_TRACE(name);
     auto r = shell(cli("run " + kExamples + name + " --spawn -p '" + kPrompt + "' -n 32 --json"));
     ASSERT_EQ(r.status, 0) << r.out;
