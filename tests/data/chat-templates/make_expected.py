@@ -10,6 +10,8 @@ extension, its own tojson filter (json.dumps with ensure_ascii=False, no key sor
 raise_exception and strftime_now globals. The variables are the family's special tokens, tools=None
 unless the case gives tools, and the case's own (messages, add_generation_prompt, ...).
 A render goes to FAMILY.CASE.txt; a template that raises writes its message to FAMILY.CASE.error.txt.
+The small one-feature templates of features.json are rendered in the same environment into
+features.expected.json, in the same order.
 """
 import glob
 import json
@@ -18,6 +20,7 @@ from datetime import datetime
 
 import jinja2
 import jinja2.ext
+import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
@@ -31,6 +34,17 @@ def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
 
 def strftime_now(format):
     return datetime.now().strftime(format)
+
+
+class GenerationBlock(jinja2.ext.Extension):
+    """Hugging Face's AssistantTracker as far as rendering goes: {% generation %} renders its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
 
 
 def environment():
@@ -60,6 +74,14 @@ def main():
             with open(os.path.join(here, name), "w", encoding="utf-8", newline="") as f:
                 f.write(text)
             print(name)
+    with open(os.path.join(here, "features.json"), encoding="utf-8") as f:
+        features = json.load(f)
+    env.add_extension(GenerationBlock)
+    renders = [env.from_string(f["template"]).render(**f.get("context", {})) for f in features]
+    with open(os.path.join(here, "features.expected.json"), "w", encoding="utf-8", newline="") as f:
+        json.dump(renders, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print("features.expected.json")
 
 
 if __name__ == "__main__":
