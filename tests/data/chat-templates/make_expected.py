@@ -3,7 +3,9 @@
 
 Run with Debian's jinja2 (apt-get install python3-jinja2), from this folder:  /usr/bin/python3 make_expected.py
 
-Every FAMILY.jinja is rendered with every case of cases.json, in the environment Hugging Face
+Every family of cases.json is rendered (its template is FAMILY.jinja, or, with "template_from", the
+chat_template of that tokenizer_config.json under the reference data, ../shared/refdata or
+$SPECMESH_REFDATA) with every case of cases.json, in the environment Hugging Face
 transformers renders chat templates with (render_jinja_template / _compile_jinja_template):
 ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True) with the loopcontrols
 extension, its own tojson filter (json.dumps with ensure_ascii=False, no key sorting), and the
@@ -55,6 +57,10 @@ def environment():
     return env
 
 
+def refdata_dir(here):
+    return os.environ.get("SPECMESH_REFDATA") or os.path.join(here, "..", "..", "..", "..", "shared", "refdata")
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     with open(os.path.join(here, "cases.json"), encoding="utf-8") as f:
@@ -63,8 +69,14 @@ def main():
         os.remove(old)
     env = environment()
     for family, tokens in spec["families"].items():
-        with open(os.path.join(here, family + ".jinja"), encoding="utf-8", newline="") as f:
-            template = env.from_string(f.read())
+        tokens = dict(tokens)
+        source = tokens.pop("template_from", None)
+        if source:  # a tokenizer_config.json of the reference data, not kept in this repository
+            with open(os.path.join(refdata_dir(here), source), encoding="utf-8") as f:
+                template = env.from_string(json.load(f)["chat_template"])
+        else:
+            with open(os.path.join(here, family + ".jinja"), encoding="utf-8", newline="") as f:
+                template = env.from_string(f.read())
         for case, variables in spec["cases"].items():
             context = {"tools": None, **tokens, **variables}
             try:
