@@ -23,12 +23,12 @@
 //               false, mapping, iterable, sequence, callable, even, odd, divisibleby, in,
 //               eq/equalto/==, ne/!=, lt/<, le/<=, gt/>, ge/>=, sameas, lower, upper
 //   methods     str: strip lstrip rstrip startswith endswith split rsplit upper lower title
-//               capitalize replace find rfind count join splitlines isdigit isalpha isspace
-//               format-free; dict: items keys values get; lists are immutable (append is
-//               refused, as in the sandbox)
+//               capitalize replace find rfind count join splitlines isdigit isalpha isspace;
+//               dict: items keys values get; list: index count (lists are immutable: append
+//               is refused, as in the sandbox; so is Python's % string formatting)
 //   globals     raise_exception, namespace, range, dict, strftime_now
 // Undefined values behave as jinja2's default Undefined: they print as nothing, are false
-// and empty, and fail when used in arithmetic or has their attributes read.
+// and empty, and fail when used in arithmetic or when their attributes are read.
 //
 // Nothing hangs: a render takes at most a fixed number of steps (loop iterations and
 // statements: 1000000), macros nest at most 64 deep, range() yields at most 100000 numbers and the
