@@ -156,8 +156,13 @@ TEST(ChatFraming, AutoModeOnRealVocabularies) {
   const Tokenizer qwen3(vocab_from_gguf(GgufFile(refdata("qwen3-tokenizer/ggml-vocab-qwen3-helper.gguf"))));
   const Tokenizer phi3(vocab_from_gguf(GgufFile(refdata("gguf-vocab/ggml-vocab-phi-3.gguf"))));
   EXPECT_EQ(make_chat_format("auto", stories)->name(), "story");
-  EXPECT_EQ(make_chat_format("auto", qwen3)->name(), "chat");
-  EXPECT_EQ(make_chat_format("auto", phi3)->name(), "chat");
+  // Both carry a chat template (tokenizer.chat_template): theirs renders the prompts.
+  EXPECT_EQ(make_chat_format("auto", qwen3)->name(), "template");
+  EXPECT_EQ(make_chat_format("auto", phi3)->name(), "template");
+  // Turn tokens without a template: the plain transcript.
+  Vocab bare = phi3.vocab();
+  bare.chat_template.clear();
+  EXPECT_EQ(make_chat_format("auto", Tokenizer(bare))->name(), "chat");
 }
 
 // --- stop strings on a stream

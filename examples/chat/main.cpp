@@ -6,18 +6,21 @@
 //
 // Every line from stdin is a turn and the conversation so far is the prompt of the next
 // reply; the framing, the stop strings and trimming to the context come from chat/ (shared
-// with other front ends), the generation from the backend below. Vocabularies made for chat
-// get a plain "User:/Assistant:" framing, small story models just continue the text. /reset
-// starts over; EOF or /quit ends.
+// with other front ends), the generation from the backend below. A model with a chat template
+// (GGUF tokenizer.chat_template, or --chat-template FILE) gets its prompts rendered by it;
+// other vocabularies made for chat get a plain "User:/Assistant:" framing, small story models
+// just continue the text. /reset starts over; EOF or /quit ends.
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -29,6 +32,7 @@
 
 #include "specmesh/chat/conversation.hpp"
 #include "specmesh/chat/framing.hpp"
+#include "specmesh/chat/jinja.hpp"
 #include "specmesh/chat/stop.hpp"
 #include "specmesh/model/generate.hpp"
 #include "specmesh/runtime.hpp"
@@ -37,7 +41,7 @@ namespace specmesh {
 namespace {
 
 struct Options {
-  std::string model, tokenizer, draft, strategy, topology, specmesh_binary, mode = "auto";
+  std::string model, tokenizer, draft, strategy, topology, specmesh_binary, mode = "auto", chat_template;
   bool spawn = false;
   int n_predict = 96, threads = 0, n_ctx = 0;
   float temp = 0.8f, top_p = 0.95f;
@@ -77,8 +81,8 @@ class Backend {
   const Tokenizer& tokenizer() const { return rt_->tokenizer(); }
   int context_tokens() const { return rt_->context_size(); }  // prompt and reply must fit in this many
   // Continues `prompt`; returns an error message, empty on success.
-  std::string complete(const std::string& prompt, const GenerateParams& p, const PieceSink& sink) {
-    GenerationRequest req{.prompt = prompt, .n_predict = p.n_predict, .sampling = p.sampling};
+  std::string complete(const std::string& prompt, bool parse_special, const GenerateParams& p, const PieceSink& sink) {
+    GenerationRequest req{.prompt = prompt, .n_predict = p.n_predict, .sampling = p.sampling, .parse_special = parse_special};
     bool more = true;
     size_t streamed = 0;
     GenerationResult r = rt_->generate(req, [&](int32_t, const std::string& piece) {
@@ -94,6 +98,15 @@ class Backend {
   std::unique_ptr<Runtime> rt_;
 };
 
+std::string read_template(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read chat template " + path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (text.str().empty()) throw std::runtime_error("chat template " + path + " is empty");
+  return text.str();
+}
+
 int chat(const Options& o) {
   // The conversation owns stdout; runtime logs go to stderr, warnings and worse only.
   spdlog::set_default_logger(spdlog::stderr_color_mt("specmesh-chat"));
@@ -101,7 +114,13 @@ int chat(const Options& o) {
 
   auto backend = std::make_unique<Backend>(o);
   const Tokenizer& tok = backend->tokenizer();
-  const std::unique_ptr<ChatFormat> format = make_chat_format(o.mode, tok);
+  const std::string chat_template = o.chat_template.empty() ? std::string() : read_template(o.chat_template);
+  std::unique_ptr<ChatFormat> format;
+  try {
+    format = make_chat_format(o.mode, tok, chat_template);
+  } catch (const jinja::Error& e) {  // name the file the line and column are in
+    throw std::runtime_error((o.chat_template.empty() ? std::string("the model's chat template") : o.chat_template) + ": " + e.what());
+  }
   if (o.n_predict >= backend->context_tokens())
     throw std::invalid_argument("-n " + std::to_string(o.n_predict) + " leaves no room for a prompt in a context of " +
                                 std::to_string(backend->context_tokens()) + " tokens");
@@ -136,7 +155,7 @@ int chat(const Options& o) {
       std::fputs(text.c_str(), stdout);
       std::fflush(stdout);
     };
-    std::string error = backend->complete(prompt, gp, [&](const std::string& piece) {
+    std::string error = backend->complete(prompt, format->parse_special(), gp, [&](const std::string& piece) {
       show(stop.feed(piece));
       return !stop.stopped();
     });
@@ -167,8 +186,12 @@ int main(int argc, char** argv) {
   app.add_option("--strategy", o.strategy, "decoding strategy with -m (default: the registry's for the models given; `specmesh strategies` lists them)")->needs(m);
   app.add_flag("--spawn", o.spawn, "start the topology's other nodes as child processes")->needs(c);
   app.add_option("--specmesh", o.specmesh_binary, "the specmesh binary that serves spawned nodes");
-  app.add_option("--mode", o.mode, "chat (User:/Assistant: turns), story (continue the text) or auto")
-      ->check(CLI::IsMember({"auto", "chat", "story"}));
+  app.add_option("--mode", o.mode,
+                 "template (the model's chat template), chat (User:/Assistant: turns), story (continue the text) or auto "
+                 "(template when there is one, else chat for chat vocabularies, else story)")
+      ->check(CLI::IsMember({"auto", "template", "chat", "story"}));
+  app.add_option("--chat-template", o.chat_template, "Jinja chat template file to use instead of the model's")
+      ->check(CLI::ExistingFile);
   app.add_option("-n,--n-predict", o.n_predict, "most tokens per reply")->check(CLI::PositiveNumber);
   app.add_option("--ctx", o.n_ctx, "context size in tokens (default: the model's / the topology's)");
   app.add_option("-t,--threads", o.threads, "compute threads for -m (default: all cores)");

@@ -23,6 +23,9 @@ struct GenerationRequest {
   int n_predict = 0;                      // 0: the configuration's default
   std::optional<SamplingParams> sampling; // default: the configuration's
   bool ignore_eos = false;
+  // Special-token text in the prompt ("<|im_start|>") becomes those tokens, as a rendered
+  // chat template needs (llama.cpp's parse_special); otherwise it is plain text.
+  bool parse_special = false;
 };
 
 struct GenerationStats {

@@ -7,7 +7,7 @@ namespace specmesh {
 TokenStream::TokenStream(SessionPtr session, const Model& target, int default_n_predict, std::string metrics_csv)
     : session_(std::move(session)), target_(target), metrics_csv_(std::move(metrics_csv)) {
   const Tokenizer& tok = target.tokenizer();
-  result_.prompt_ids = tok.encode_prompt(session_->request.prompt);
+  result_.prompt_ids = tok.encode_prompt(session_->request.prompt, session_->request.parse_special);
   result_.stats.prompt_tokens = int(result_.prompt_ids.size());
   metrics_.prompt_tokens = result_.stats.prompt_tokens;
   tokens_ = result_.prompt_ids;

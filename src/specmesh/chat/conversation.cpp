@@ -37,7 +37,7 @@ std::optional<ChatRole> parse_role(std::string_view name) {
 }
 
 std::string Conversation::fit(const ChatFormat& format, const Tokenizer& tok, int budget) {
-  const auto fits = [&] { return int(tok.encode_prompt(format.render(messages_)).size()) <= budget; };
+  const auto fits = [&] { return int(tok.encode_prompt(format.render(messages_), format.parse_special()).size()) <= budget; };
   const auto not_system = [](const ChatMessage& m) { return m.role != ChatRole::System; };
 
   while (messages_.size() > 1 && !fits()) {

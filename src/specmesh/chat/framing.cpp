@@ -1,9 +1,10 @@
-// The transcript and story formats, and choosing between them.
+// The transcript and story formats, and choosing a format.
 #include "specmesh/chat/framing.hpp"
 
 #include <cctype>
 #include <stdexcept>
 
+#include "specmesh/chat/template_format.hpp"
 #include "specmesh/tokenizer/tokenizer.hpp"
 
 namespace specmesh {
@@ -62,11 +63,13 @@ bool has_chat_turn_tokens(const Tokenizer& tok) {
   return false;
 }
 
-std::unique_ptr<ChatFormat> make_chat_format(std::string_view mode, const Tokenizer& tok) {
-  if (mode == "auto") mode = has_chat_turn_tokens(tok) ? "chat" : "story";
+std::unique_ptr<ChatFormat> make_chat_format(std::string_view mode, const Tokenizer& tok, std::string_view chat_template) {
+  const bool has_template = !chat_template.empty() || !tok.vocab().chat_template.empty();
+  if (mode == "auto") mode = has_template ? "template" : has_chat_turn_tokens(tok) ? "chat" : "story";
+  if (mode == "template") return TemplateFormat::for_tokenizer(tok, chat_template);
   if (mode == "chat") return std::make_unique<TranscriptFormat>();
   if (mode == "story") return std::make_unique<StoryFormat>();
-  throw std::invalid_argument("unknown chat mode '" + std::string(mode) + "' (auto, chat or story)");
+  throw std::invalid_argument("unknown chat mode '" + std::string(mode) + "' (auto, template, chat or story)");
 }
 
 }  // namespace specmesh

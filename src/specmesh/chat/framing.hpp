@@ -1,10 +1,6 @@
-// How a conversation becomes the text a model continues: the ChatFormat interface and the
-// two formats the tokenizer allows today.
-//
-// The tokenizer reads special-token text as plain text (llama.cpp's parse_special = false),
-// so a model's real chat template (<|im_start|>user ...) cannot be written as text yet; chat
-// models get a plain "User:/Assistant:" transcript instead. A renderer of GGUF chat templates
-// is one more ChatFormat.
+// How a conversation becomes the text a model continues: the ChatFormat interface, the plain
+// transcript and story formats, and choosing a format (the model's own chat template, see
+// template_format.hpp, when it has one).
 #pragma once
 
 #include <memory>
@@ -24,8 +20,12 @@ class ChatFormat {
   // "chat", "story", ...: the mode names of make_chat_format.
   virtual std::string_view name() const = 0;
   // The prompt for the next assistant message: the messages, then whatever opens an assistant
-  // turn. Callers encode it with the vocabulary's special tokens (BOS), so it has none.
+  // turn. Callers encode it with the vocabulary's BOS (Tokenizer::encode_prompt), so it has
+  // none at its start.
   virtual std::string render(const std::vector<ChatMessage>& messages) const = 0;
+  // True when the rendered text holds special tokens as text ("<|im_start|>"): encode it with
+  // parse_special (GenerationRequest::parse_special). Plain formats are plain text.
+  virtual bool parse_special() const { return false; }
   // Text with which the model would begin a turn that is not its own; a reply ends before it
   // (see StopFilter).
   virtual std::vector<std::string> stop_strings() const = 0;
@@ -53,8 +53,12 @@ class StoryFormat final : public ChatFormat {
 // Phi-3, Mistral): the model was tuned to chat.
 bool has_chat_turn_tokens(const Tokenizer& tok);
 
-// The format for --mode: "chat", "story", or "auto" (chat when has_chat_turn_tokens).
-// Throws std::invalid_argument for any other mode.
-std::unique_ptr<ChatFormat> make_chat_format(std::string_view mode, const Tokenizer& tok);
+// The format for --mode: "template" (the model's chat template, or `chat_template` when
+// given: the text of --chat-template FILE), "chat", "story", or "auto": the template when
+// there is one, else chat when has_chat_turn_tokens, else story. Throws
+// std::invalid_argument for any other mode or "template" without a template, jinja::Error
+// for a template that does not parse.
+std::unique_ptr<ChatFormat> make_chat_format(std::string_view mode, const Tokenizer& tok,
+                                             std::string_view chat_template = {});
 
 }  // namespace specmesh

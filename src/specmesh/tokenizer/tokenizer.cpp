@@ -94,6 +94,7 @@ struct Tokenizer::Impl {
   std::unordered_map<std::string, int32_t> bpe_ranks;  // "left\xFFright" -> rank
   std::array<int32_t, 256> byte_token{};               // SPM byte fallback, -1 when absent
   std::vector<int32_t> user_defined;                   // longest text first
+  std::vector<int32_t> special;                        // control, unknown and user-defined, longest first
   std::unordered_set<int32_t> eog;
   bool ignore_merges = false;                          // Llama 3: a word that is a token stays whole
 
@@ -163,6 +164,14 @@ Tokenizer::Tokenizer(Vocab vocab) : impl_(std::make_unique<Impl>()) {
   for (size_t i = 0; i < n; ++i)
     if (v.types[i] == TokenType::UserDefined && !v.tokens[i].empty()) m.user_defined.push_back(int32_t(i));
   std::stable_sort(m.user_defined.begin(), m.user_defined.end(),
+                   [&](int32_t a, int32_t b) { return v.tokens[a].size() > v.tokens[b].size(); });
+  // With parse_special, llama.cpp's cache_special_tokens: control, user-defined and unknown.
+  for (size_t i = 0; i < n; ++i) {
+    const TokenType t = v.types[i];
+    if ((t == TokenType::Control || t == TokenType::UserDefined || t == TokenType::Unknown) && !v.tokens[i].empty())
+      m.special.push_back(int32_t(i));
+  }
+  std::stable_sort(m.special.begin(), m.special.end(),
                    [&](int32_t a, int32_t b) { return v.tokens[a].size() > v.tokens[b].size(); });
 
   // End of generation: EOS, EOT, and the end-of-turn tokens llama.cpp recognises by name.
@@ -298,12 +307,13 @@ void Tokenizer::Impl::encode_bpe(std::string_view text, std::vector<int32_t>& ou
   }
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) const {
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {
   const Impl& m = *impl_;
   const Vocab& v = m.v;
+  const std::vector<int32_t>& cut = parse_special ? m.special : m.user_defined;
 
-  // Cut user-defined tokens out of the text, longest first, each at every occurrence
-  // (llama.cpp's tokenizer_st_partition with parse_special = false).
+  // Cut special tokens out of the text, longest first, each at every occurrence (llama.cpp's
+  // tokenizer_st_partition): user-defined ones only, or all of them with parse_special.
   struct Frag {
     int32_t token;  // -1: raw text [begin, end)
     size_t begin, end;
@@ -311,9 +321,9 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) 
   std::vector<Frag> frags;
   if (!text.empty()) frags.push_back({-1, 0, text.size()});
   std::array<bool, 256> present{};  // vocabularies with thousands of such tokens: skip most fast
-  if (!m.user_defined.empty())
+  if (!cut.empty())
     for (char c : text) present[uint8_t(c)] = true;
-  for (int32_t id : m.user_defined) {
+  for (int32_t id : cut) {
     const std::string& t = v.tokens[id];
     if (!present[uint8_t(t[0])]) continue;
     std::vector<Frag> next;
@@ -436,8 +446,8 @@ int32_t Tokenizer::eos() const { return impl_->v.eos; }
 int Tokenizer::n_vocab() const { return int(impl_->v.tokens.size()); }
 const Vocab& Tokenizer::vocab() const { return impl_->v; }
 
-std::vector<int32_t> Tokenizer::encode_prompt(std::string_view text) const {
-  std::vector<int32_t> ids = encode(text, true);
+std::vector<int32_t> Tokenizer::encode_prompt(std::string_view text, bool parse_special) const {
+  std::vector<int32_t> ids = encode(text, true, parse_special);
   if (ids.empty()) ids.push_back(bos() >= 0 ? bos() : 0);
   return ids;
 }

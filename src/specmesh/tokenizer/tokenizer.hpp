@@ -31,6 +31,7 @@ struct Vocab {
   bool add_bos = true;
   bool add_eos = false;
   bool add_space_prefix = true;
+  std::string chat_template;            // tokenizer.chat_template (Jinja), empty when there is none
 };
 
 // Reads tokenizer.ggml.* from a GGUF (model or vocabulary-only); throws FormatError.
@@ -59,13 +60,16 @@ class Tokenizer {
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
 
-  // Text to ids as llama.cpp's llama_tokenize(add_special, parse_special = false) does:
-  // special-token text is plain text; SPM adds the space prefix; BOS/EOS when add_special
-  // and the vocabulary asks for them.
-  std::vector<int32_t> encode(std::string_view text, bool add_special) const;
-  // A prompt as every generator feeds it: encode(text, true), and never empty (a model needs
-  // one token to start from: BOS, or token 0 for vocabularies without one).
-  std::vector<int32_t> encode_prompt(std::string_view text) const;
+  // Text to ids as llama.cpp's llama_tokenize(add_special, parse_special) does. Without
+  // parse_special, control-token text is plain text (only user-defined tokens are cut out);
+  // with it, the text of every control, unknown and user-defined token becomes that token,
+  // longest first, and the text between is encoded as usual (as a rendered chat template
+  // needs: "<|im_start|>user\n..."). SPM adds the space prefix at the start and after each
+  // such token; BOS/EOS when add_special and the vocabulary asks for them.
+  std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special = false) const;
+  // A prompt as every generator feeds it: encode(text, true, parse_special), and never empty
+  // (a model needs one token to start from: BOS, or token 0 for vocabularies without one).
+  std::vector<int32_t> encode_prompt(std::string_view text, bool parse_special = false) const;
 
   // The bytes a token stands for (byte tokens -> the raw byte, U+2581 -> space,
   // byte-level BPE unicode -> bytes; user-defined tokens -> their text; control, unknown and

@@ -93,6 +93,7 @@ Vocab vocab_from_gguf(const GgufFile& f) {
   if (auto b = f.get_bool("tokenizer.ggml.add_bos_token")) v.add_bos = *b;
   if (auto b = f.get_bool("tokenizer.ggml.add_eos_token")) v.add_eos = *b;
   if (auto b = f.get_bool("tokenizer.ggml.add_space_prefix")) v.add_space_prefix = *b;
+  v.chat_template = f.get_string("tokenizer.chat_template").value_or("");
   return v;
 }
 
