@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -128,6 +129,22 @@ inline nlohmann::json last_json(const std::string& out) {
   while (std::getline(in, line))
     if (!line.empty() && line[0] == '{') json = line;
   return nlohmann::json::parse(json.empty() ? "null" : json);
+}
+
+// A shell command's exit status and standard output (stderr too where the command redirects it).
+struct ShellRun {
+  int status;
+  std::string out;
+};
+inline ShellRun shell(const std::string& cmd) {
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int st = ::pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
 
 inline std::string read_file(const std::string& path) {

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "template_data.hpp"
 #include "refdata.hpp"
 #include "specmesh/chat/jinja.hpp"
 
@@ -19,15 +20,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path kData = fs::path(SPECMESH_SOURCE_DIR) / "tests" / "data" / "chat-templates";
+const fs::path kData = test::kTemplateData;
+using test::slurp;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + p.string());
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 ordered_json cases() { return ordered_json::parse(slurp(kData / "cases.json")); }
 

@@ -19,6 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "template_data.hpp"
+#include "processes.hpp"
 #include "refdata.hpp"
 #include "specmesh/chat/conversation.hpp"
 #include "specmesh/chat/framing.hpp"
@@ -34,15 +36,9 @@ namespace fs = std::filesystem;
 namespace {
 
 using Ids = std::vector<int32_t>;
-const fs::path kData = fs::path(SPECMESH_SOURCE_DIR) / "tests" / "data" / "chat-templates";
+const fs::path kData = test::kTemplateData;
+using test::slurp;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + p.string());
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 const Tokenizer& gguf_tokenizer(const std::string& rel) {
   static std::map<std::string, std::unique_ptr<Tokenizer>> cache;
@@ -188,21 +184,8 @@ TEST(TemplateFormat, FittingCountsSpecialTokensAsTokens) {
 
 namespace {
 
-struct Run {
-  int status;
-  std::string out;
-};
-
-Run shell(const std::string& cmd) {
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using Run = test::ShellRun;
+using test::shell;
 
 }  // namespace
 

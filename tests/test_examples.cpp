@@ -32,22 +32,8 @@ namespace {
 const std::string kExamples = std::string(SPECMESH_SOURCE_DIR) + "/examples/";
 const std::string kPrompt = "Once upon a time";
 
-struct Run {
-  int status;
-  std::string out;
-};
-
-// Runs a shell command; stdout only unless the command redirects stderr itself.
-Run shell(const std::string& cmd) {
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using Run = test::ShellRun;
+using test::shell;
 
 // The model every example names (relative to examples/, as ../../shared/refdata/...).
 std::string refdata_path() { return specmesh::test::refdata("gguf-models/stories260K.gguf"); }

@@ -492,22 +492,24 @@ class Parser {
     return b;
   }
 
-  ExprPtr parse_or() {
-    ExprPtr e = parse_and();
-    while (is_name("or")) {
+  // One level of left-associative operators: sub (op sub)*, an op being one of `ops`
+  // (keywords when `words`, else operator tokens).
+  ExprPtr left_assoc(ExprPtr (Parser::*sub)(), std::initializer_list<const char*> ops, bool words) {
+    ExprPtr e = (this->*sub)();
+    for (;;) {
+      const char* hit = nullptr;
+      for (const char* op : ops)
+        if (words ? is_name(op) : is_op(op)) {
+          hit = op;
+          break;
+        }
+      if (!hit) return e;
       const Token& at = next();
-      e = binary(at, "or", std::move(e), parse_and());
+      e = binary(at, hit, std::move(e), (this->*sub)());
     }
-    return e;
   }
-  ExprPtr parse_and() {
-    ExprPtr e = parse_not();
-    while (is_name("and")) {
-      const Token& at = next();
-      e = binary(at, "and", std::move(e), parse_not());
-    }
-    return e;
-  }
+  ExprPtr parse_or() { return left_assoc(&Parser::parse_and, {"or"}, true); }
+  ExprPtr parse_and() { return left_assoc(&Parser::parse_not, {"and"}, true); }
   ExprPtr parse_not() {
     if (is_name("not")) {
       auto u = make<Expr>(Expr::Kind::Unary, next());
@@ -544,30 +546,9 @@ class Parser {
     }
     return cmp ? std::move(cmp) : std::move(first);
   }
-  ExprPtr parse_math1() {
-    ExprPtr e = parse_concat();
-    while (is_op("+") || is_op("-")) {
-      const Token& at = next();
-      e = binary(at, at.text, std::move(e), parse_concat());
-    }
-    return e;
-  }
-  ExprPtr parse_concat() {
-    ExprPtr e = parse_math2();
-    while (is_op("~")) {
-      const Token& at = next();
-      e = binary(at, "~", std::move(e), parse_math2());
-    }
-    return e;
-  }
-  ExprPtr parse_math2() {
-    ExprPtr e = parse_pow();
-    while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
-      const Token& at = next();
-      e = binary(at, at.text, std::move(e), parse_pow());
-    }
-    return e;
-  }
+  ExprPtr parse_math1() { return left_assoc(&Parser::parse_concat, {"+", "-"}, false); }
+  ExprPtr parse_concat() { return left_assoc(&Parser::parse_math2, {"~"}, false); }
+  ExprPtr parse_math2() { return left_assoc(&Parser::parse_pow, {"*", "/", "//", "%"}, false); }
   ExprPtr parse_pow() {
     ExprPtr e = parse_unary(true);
     while (is_op("**")) {
