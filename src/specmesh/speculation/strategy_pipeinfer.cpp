@@ -304,10 +304,21 @@ class PipeInfer final : public Strategy {
     return it == branches_.end() ? nullptr : &*it;
   }
 
+  // A new speculative run is launched while fewer than max_runs runs are in flight, the main
+  // branch is less than max_runs micro-batches ahead, and fewer than max_runs * max_micro_batch
+  // target tokens are in flight: no more than a chain keeps in flight at most. A chain's runs
+  // carry at most a micro-batch each, so for it the last bound never binds; a tree's runs carry
+  // every branch's rows, so it keeps fewer runs in flight at the same target cost. The queue
+  // in front of the target's stages is then shorter: an alternative's rows come back sooner
+  // after the main branch's miss, and branches are chosen on fresher results.
   void pump() {
     if (c_.done() || drafting_ || branches_.empty()) return;
     const Branch& main = branches_.front();
-    if (int(inflight_.size()) < max_runs_ && main.launched - accepted() < max_runs_ * max_micro_batch_) start_round();
+    size_t tokens = 0;
+    for (const RunInfo& r : inflight_) tokens += r.rows.size();
+    if (int(inflight_.size()) < max_runs_ && main.launched - accepted() < max_runs_ * max_micro_batch_ &&
+        tokens < size_t(max_runs_) * size_t(max_micro_batch_))
+      start_round();
   }
 
   // A drafting round: the draft extends every branch alive now, all in one draft run per
