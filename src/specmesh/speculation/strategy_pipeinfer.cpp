@@ -74,6 +74,9 @@ struct Branch {
   // or a branch already starts with it).
   std::vector<int32_t> runner;
   std::vector<float> runner_p;
+  // Per path position: the draft's further candidates after the runner-up (likeliest first),
+  // each the runner-up in turn once the one before it is taken.
+  std::vector<std::vector<std::pair<int32_t, float>>> more;
   // The draft's logits after path[0, next_for), kept when a round stopped on them, so the next
   // round uses them instead of feeding the last token again.
   std::vector<float> next;
@@ -82,6 +85,7 @@ struct Branch {
     prob.resize(n, 1.0f);
     runner.resize(n, -1);
     runner_p.resize(n, 0.0f);
+    more.resize(n);
   }
 };
 
@@ -408,13 +412,22 @@ class PipeInfer final : public Strategy {
       return;
     }
     const int32_t top = Sampler::argmax(row, V);
-    int32_t alt = -1;
-    for (int t = 0; t < V; ++t)
-      if (t != top && (alt < 0 || row[t] > row[alt])) alt = t;
+    // The draft's candidates after its top token, likeliest first: one per alternative slot.
+    const int k = std::min(V - 1, std::max(1, n_parallel_ - 1));
+    std::vector<std::pair<int32_t, float>> cand;
+    for (int t = 0; t < V; ++t) {
+      if (t == top) continue;
+      const float p = float(conf * std::exp(double(row[t] - row[top])));
+      if (int(cand.size()) < k || p > cand.back().second) {
+        if (int(cand.size()) == k) cand.pop_back();
+        cand.insert(std::upper_bound(cand.begin(), cand.end(), p, [](float x, const auto& c) { return x > c.second; }), {t, p});
+      }
+    }
     b.path.push_back(top);
     b.prob.push_back(conf);
-    b.runner.push_back(alt);
-    b.runner_p.push_back(float(conf * std::exp(double(row[alt] - row[top]))));
+    b.runner.push_back(cand.front().first);
+    b.runner_p.push_back(cand.front().second);
+    b.more.emplace_back(cand.begin() + 1, cand.end());
     b.active = pending(b) < room(b);
   }
 
@@ -471,15 +484,22 @@ class PipeInfer final : public Strategy {
   void branch_at(int32_t q) {
     Branch& m = branches_.front();
     const int32_t alt = m.runner[size_t(q)];
-    m.runner[size_t(q)] = -1;  // taken
+    const float alt_p = m.runner_p[size_t(q)];
+    // Taken: the next candidate there (if any) becomes the runner-up.
+    auto& rest = m.more[size_t(q)];
+    m.runner[size_t(q)] = rest.empty() ? -1 : rest.front().first;
+    m.runner_p[size_t(q)] = rest.empty() ? 0.0f : rest.front().second;
+    if (!rest.empty()) rest.erase(rest.begin());
     Branch c = new_branch({m.path.begin(), m.path.begin() + q});
     c.prob.assign(m.prob.begin(), m.prob.begin() + q);
     c.runner.assign(m.runner.begin(), m.runner.begin() + q);
     c.runner_p.assign(m.runner_p.begin(), m.runner_p.begin() + q);
+    c.more.assign(m.more.begin(), m.more.begin() + q);
     c.path.push_back(alt);
-    c.prob.push_back(m.runner_p[size_t(q)]);
+    c.prob.push_back(alt_p);
     c.runner.push_back(-1);
     c.runner_p.push_back(0.0f);
+    c.more.emplace_back();
     c.split_at = q;
     // It borrows the main branch's launched cells below q, and the draft's; the main branch's
     // pending tokens below q become rows the next run shares.
