@@ -22,10 +22,11 @@
 // the mask is the sequences' and not one run's DFS intervals. With n_parallel = 1 there is one
 // branch: a chain.
 //
-// Where branches start. While drafting the main branch the draft records its runner-up at
-// every position. An unverified position whose runner-up exceeds p_split plus the cutoff's
-// current adjustment is a candidate, worth the draft's probability of the main path up to it
-// times the runner-up's. The best candidates become branches while fewer than n_parallel are
+// Where branches start. While drafting the main branch the draft records its candidates behind
+// its top token at every position (as many as there are alternative slots). An unverified
+// position's next untaken candidate whose probability exceeds p_split plus the cutoff's current
+// adjustment is a candidate branch, worth the draft's probability of the main path up to it
+// times the candidate's. The best candidates become branches while fewer than n_parallel are
 // alive, and replace a less likely alternative after that (its sequences are freed; its rows in
 // flight are never used again). Candidates behind the draft's frontier count: when the target
 // passes an alternative's position, the slot goes to the likeliest doubt still ahead. The draft
