@@ -37,6 +37,7 @@ struct Options {
   std::string csv, metrics_csv, tree;
   std::vector<std::string> pairs;
   bool tune = false;
+  std::vector<std::string> only;
   int n_parallel = 1;
   double p_split = 0.8;
 };
@@ -131,6 +132,7 @@ int main(int argc, char** argv) {
   app.add_option("--p-split", o.p_split, "with --n-parallel: the probability a candidate needs to become a branch")
       ->check(CLI::Range(0.0, 1.0))->capture_default_str();
   app.add_option("--pairs", o.pairs, "only these target/draft pairs (e.g. stories-target-1M/stories260K-draft-tiny)")->delimiter(',');
+  app.add_option("--only", o.only, "only these strategies (and plain decoding, the reference), e.g. pipeinfer")->delimiter(',');
   app.add_flag("--tune", o.tune, "also run spec and pipeinfer at the registry's defaults and at their best point of a small grid")
       ->capture_default_str();
   app.add_option("--csv", o.csv, "write the table (one row per pair and strategy) to this CSV file");
@@ -190,7 +192,8 @@ int main(int argc, char** argv) {
   const StrategyInfo& plain = default_strategy({kTargetRole});
   std::vector<Variant> runs{{&plain, plain.name, ""}};
   for (const StrategyInfo& s : strategies()) {
-    const bool fits = std::all_of(s.roles.begin(), s.roles.end(), [](const std::string& r) { return r == kTargetRole || r == "draft"; });
+    const bool fits = std::all_of(s.roles.begin(), s.roles.end(), [](const std::string& r) { return r == kTargetRole || r == "draft"; }) &&
+                      (o.only.empty() || std::find(o.only.begin(), o.only.end(), s.name) != o.only.end());
     if (fits && &s != &plain) runs.push_back({&s, s.name, ""});
     if (fits && !o.tree.empty() && s.param("tree")) runs.push_back({&s, s.name + "-tree", o.tree});
     if (fits && o.n_parallel > 1 && s.param("n_parallel"))

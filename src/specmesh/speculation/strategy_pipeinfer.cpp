@@ -22,10 +22,11 @@
 // the mask is the sequences' and not one run's DFS intervals. With n_parallel = 1 there is one
 // branch: a chain.
 //
-// Where branches start. While drafting the main branch the draft records its runner-up at
-// every position. An unverified position whose runner-up exceeds p_split plus the cutoff's
-// current adjustment is a candidate, worth the draft's probability of the main path up to it
-// times the runner-up's. The best candidates become branches while fewer than n_parallel are
+// Where branches start. While drafting the main branch the draft records its candidates behind
+// its top token at every position (as many as there are alternative slots). An unverified
+// position's next untaken candidate whose probability exceeds p_split plus the cutoff's current
+// adjustment is a candidate branch, worth the draft's probability of the main path up to it
+// times the candidate's. The best candidates become branches while fewer than n_parallel are
 // alive, and replace a less likely alternative after that (its sequences are freed; its rows in
 // flight are never used again). Candidates behind the draft's frontier count: when the target
 // passes an alternative's position, the slot goes to the likeliest doubt still ahead. The draft
@@ -74,6 +75,9 @@ struct Branch {
   // or a branch already starts with it).
   std::vector<int32_t> runner;
   std::vector<float> runner_p;
+  // Per path position: the draft's further candidates after the runner-up (likeliest first),
+  // each the runner-up in turn once the one before it is taken.
+  std::vector<std::vector<std::pair<int32_t, float>>> more;
   // The draft's logits after path[0, next_for), kept when a round stopped on them, so the next
   // round uses them instead of feeding the last token again.
   std::vector<float> next;
@@ -82,6 +86,7 @@ struct Branch {
     prob.resize(n, 1.0f);
     runner.resize(n, -1);
     runner_p.resize(n, 0.0f);
+    more.resize(n);
   }
 };
 
@@ -304,10 +309,21 @@ class PipeInfer final : public Strategy {
     return it == branches_.end() ? nullptr : &*it;
   }
 
+  // A new speculative run is launched while fewer than max_runs runs are in flight, the main
+  // branch is less than max_runs micro-batches ahead, and fewer than max_runs * max_micro_batch
+  // target tokens are in flight: no more than a chain keeps in flight at most. A chain's runs
+  // carry at most a micro-batch each, so for it the last bound never binds; a tree's runs carry
+  // every branch's rows, so it keeps fewer runs in flight at the same target cost. The queue
+  // in front of the target's stages is then shorter: an alternative's rows come back sooner
+  // after the main branch's miss, and branches are chosen on fresher results.
   void pump() {
     if (c_.done() || drafting_ || branches_.empty()) return;
     const Branch& main = branches_.front();
-    if (int(inflight_.size()) < max_runs_ && main.launched - accepted() < max_runs_ * max_micro_batch_) start_round();
+    size_t tokens = 0;
+    for (const RunInfo& r : inflight_) tokens += r.rows.size();
+    if (int(inflight_.size()) < max_runs_ && main.launched - accepted() < max_runs_ * max_micro_batch_ &&
+        tokens < size_t(max_runs_) * size_t(max_micro_batch_))
+      start_round();
   }
 
   // A drafting round: the draft extends every branch alive now, all in one draft run per
@@ -397,13 +413,22 @@ class PipeInfer final : public Strategy {
       return;
     }
     const int32_t top = Sampler::argmax(row, V);
-    int32_t alt = -1;
-    for (int t = 0; t < V; ++t)
-      if (t != top && (alt < 0 || row[t] > row[alt])) alt = t;
+    // The draft's candidates after its top token, likeliest first: one per alternative slot.
+    const int k = std::min(V - 1, std::max(1, n_parallel_ - 1));
+    std::vector<std::pair<int32_t, float>> cand;
+    for (int t = 0; t < V; ++t) {
+      if (t == top) continue;
+      const float p = float(conf * std::exp(double(row[t] - row[top])));
+      if (int(cand.size()) < k || p > cand.back().second) {
+        if (int(cand.size()) == k) cand.pop_back();
+        cand.insert(std::upper_bound(cand.begin(), cand.end(), p, [](float x, const auto& c) { return x > c.second; }), {t, p});
+      }
+    }
     b.path.push_back(top);
     b.prob.push_back(conf);
-    b.runner.push_back(alt);
-    b.runner_p.push_back(float(conf * std::exp(double(row[alt] - row[top]))));
+    b.runner.push_back(cand.front().first);
+    b.runner_p.push_back(cand.front().second);
+    b.more.emplace_back(cand.begin() + 1, cand.end());
     b.active = pending(b) < room(b);
   }
 
@@ -460,15 +485,22 @@ class PipeInfer final : public Strategy {
   void branch_at(int32_t q) {
     Branch& m = branches_.front();
     const int32_t alt = m.runner[size_t(q)];
-    m.runner[size_t(q)] = -1;  // taken
+    const float alt_p = m.runner_p[size_t(q)];
+    // Taken: the next candidate there (if any) becomes the runner-up.
+    auto& rest = m.more[size_t(q)];
+    m.runner[size_t(q)] = rest.empty() ? -1 : rest.front().first;
+    m.runner_p[size_t(q)] = rest.empty() ? 0.0f : rest.front().second;
+    if (!rest.empty()) rest.erase(rest.begin());
     Branch c = new_branch({m.path.begin(), m.path.begin() + q});
     c.prob.assign(m.prob.begin(), m.prob.begin() + q);
     c.runner.assign(m.runner.begin(), m.runner.begin() + q);
     c.runner_p.assign(m.runner_p.begin(), m.runner_p.begin() + q);
+    c.more.assign(m.more.begin(), m.more.begin() + q);
     c.path.push_back(alt);
-    c.prob.push_back(m.runner_p[size_t(q)]);
+    c.prob.push_back(alt_p);
     c.runner.push_back(-1);
     c.runner_p.push_back(0.0f);
+    c.more.emplace_back();
     c.split_at = q;
     // It borrows the main branch's launched cells below q, and the draft's; the main branch's
     // pending tokens below q become rows the next run shares.
