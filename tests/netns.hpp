@@ -34,14 +34,8 @@ class NetnsPair {
     const std::string net = "10.77." + std::to_string(::getpid() % 250) + ".";
     addr_a = net + "1";
     addr_b = net + "2";
-    if (::geteuid() != 0) {
-      unavailable = "not running as root (network namespaces need CAP_SYS_ADMIN)";
-      return;
-    }
-    if (!run({"ip", "-V"})) {
-      unavailable = "iproute2's `ip` is not installed";
-      return;
-    }
+    unavailable = missing_prerequisite();
+    if (!unavailable.empty()) return;
     const std::vector<std::vector<std::string>> steps = {
         {"ip", "netns", "add", a},
         {"ip", "netns", "add", b},
@@ -56,15 +50,8 @@ class NetnsPair {
         {"ip", "-n", b, "link", "set", veth_b_, "up"},
     };
     made_any_ = true;
-    for (const auto& s : steps) {
-      if (!run(s)) {
-        std::string cmd;
-        for (const auto& w : s) cmd += (cmd.empty() ? "" : " ") + w;
-        unavailable = "`" + cmd + "` failed (no permission for network namespaces here?)";
-        cleanup();
-        return;
-      }
-    }
+    unavailable = run_steps(steps);
+    if (!unavailable.empty()) cleanup();
   }
   ~NetnsPair() { cleanup(); }
   NetnsPair(const NetnsPair&) = delete;
@@ -72,6 +59,24 @@ class NetnsPair {
 
   // argv prefix that runs a command inside namespace `ns`.
   static std::vector<std::string> in(const std::string& ns) { return {"ip", "netns", "exec", ns}; }
+
+  // Why namespaces cannot be made here (not root, no `ip`), or empty.
+  static std::string missing_prerequisite() {
+    if (::geteuid() != 0) return "not running as root (network namespaces need CAP_SYS_ADMIN)";
+    if (!run({"ip", "-V"})) return "iproute2's `ip` is not installed";
+    return {};
+  }
+
+  // Runs the commands in order; empty when all succeed, else which one failed.
+  static std::string run_steps(const std::vector<std::vector<std::string>>& steps) {
+    for (const auto& s : steps)
+      if (!run(s)) {
+        std::string cmd;
+        for (const auto& w : s) cmd += (cmd.empty() ? "" : " ") + w;
+        return "`" + cmd + "` failed (no permission for network namespaces here?)";
+      }
+    return {};
+  }
 
   // Runs argv (found on PATH) quietly; true when it exits 0.
   static bool run(const std::vector<std::string>& argv) {
@@ -127,14 +132,8 @@ class NetnsHost {
     const std::string net = "10.78." + std::to_string((::getpid() + k) % 250) + ".";
     addr_here = net + "1";
     addr_there = net + "2";
-    if (::geteuid() != 0) {
-      unavailable = "not running as root (network namespaces need CAP_SYS_ADMIN)";
-      return;
-    }
-    if (!NetnsPair::run({"ip", "-V"})) {
-      unavailable = "iproute2's `ip` is not installed";
-      return;
-    }
+    unavailable = NetnsPair::missing_prerequisite();
+    if (!unavailable.empty()) return;
     const std::vector<std::vector<std::string>> steps = {
         {"ip", "netns", "add", ns},
         {"ip", "link", "add", veth_here_, "type", "veth", "peer", "name", veth_there_},
@@ -146,14 +145,8 @@ class NetnsHost {
         {"ip", "-n", ns, "link", "set", veth_there_, "up"},
     };
     made_ = true;
-    for (const auto& s : steps)
-      if (!NetnsPair::run(s)) {
-        std::string cmd;
-        for (const auto& w : s) cmd += (cmd.empty() ? "" : " ") + w;
-        unavailable = "`" + cmd + "` failed (no permission for network namespaces here?)";
-        cleanup();
-        return;
-      }
+    unavailable = NetnsPair::run_steps(steps);
+    if (!unavailable.empty()) cleanup();
   }
   ~NetnsHost() { cleanup(); }
   NetnsHost(const NetnsHost&) = delete;

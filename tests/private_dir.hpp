@@ -4,7 +4,10 @@
 
 #include <unistd.h>
 
+#include <stdlib.h>
+
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 
 namespace specmesh::test {
@@ -26,5 +29,22 @@ inline std::string private_dir(const std::filesystem::path& path) {
 inline std::string private_tmpdir(const std::string& prefix) {
   return private_dir(std::filesystem::temp_directory_path() / (prefix + "-" + std::to_string(::getpid())));
 }
+
+// A fresh private folder (mkdtemp: 0700) named /tmp/specmesh-TAG-XXXXXX, removed with everything
+// in it when the object goes.
+struct ScopedTempDir {
+  std::string path;
+  explicit ScopedTempDir(const std::string& tag) {
+    std::string tmpl = "/tmp/specmesh-" + tag + "-XXXXXX";
+    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed for " + tmpl);
+    path = tmpl;
+  }
+  ~ScopedTempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  ScopedTempDir(const ScopedTempDir&) = delete;
+  ScopedTempDir& operator=(const ScopedTempDir&) = delete;
+};
 
 }  // namespace specmesh::test

@@ -2,6 +2,7 @@
 // kind of bad peer (no keys, unknown keys, a wrong server key, another node's key under a
 // borrowed name) delivers nothing, leaves a running exchange alone and shows up in the
 // gateway's stats; bad key files and unsafe settings are refused with errors that name them.
+#include "private_dir.hpp"
 #include "specmesh/runtime/keys.hpp"
 #include "specmesh/transport/curve.hpp"
 #include "specmesh/transport/gateway.hpp"
@@ -318,17 +319,8 @@ TEST(Curve, NonLoopbackBindNeedsPermissionAndCurve) {
 
 // --- private ipc directories ------------------------------------------------------------
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/specmesh-curve-test-XXXXXX";
-    if (!::mkdtemp(tmpl)) throw std::runtime_error("mkdtemp");
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct TempDir : test::ScopedTempDir {
+  TempDir() : ScopedTempDir("curve-test") {}
 };
 
 mode_t mode_of(const std::string& p) {
@@ -438,17 +430,8 @@ TEST(TopologySecurity, AllowRemoteNeedsKeysAndNonLoopbackNeedsAllowRemote) {
   EXPECT_NO_THROW(check_security(t, {"n0"}));
 }
 
-struct KeyDir {
-  std::string path;
-  KeyDir() {
-    char tmpl[] = "/tmp/specmesh-keys-test-XXXXXX";
-    if (!::mkdtemp(tmpl)) throw std::runtime_error("mkdtemp");
-    path = tmpl;
-  }
-  ~KeyDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct KeyDir : test::ScopedTempDir {
+  KeyDir() : ScopedTempDir("keys-test") {}
 };
 
 // Runs the specmesh binary; its exit status and what it printed.

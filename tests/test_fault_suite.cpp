@@ -49,22 +49,30 @@ std::string tmpdir() {
   return dir;
 }
 
-struct Setup {
+// How the fault suite sets up its three-stage pipeline (head, n0..n2, spare).
+struct Pipeline3 {
   bool standby = false;
   double link_latency_ms = 0;
   int n_predict = 48;
+  std::string path;      // where the file goes; empty: a new one in tmpdir()
+  std::string security;  // lines of a [security] table, if any
+  // The address a node listens on; empty: 127.0.0.1.
+  std::function<std::string(const std::string& node)> host;
 };
 
-std::string write_topology(const std::string& model, const Setup& s) {
+const std::vector<std::string> kNodes = {"head", "n0", "n1", "n2", "spare"};
+
+std::string write_topology(const std::string& model, const Pipeline3& s) {
   static int n = 0;
-  const std::string path = tmpdir() + "/faults-" + std::to_string(n++) + ".toml";
+  const std::string path = s.path.empty() ? tmpdir() + "/faults-" + std::to_string(n++) + ".toml" : s.path;
   std::ofstream f(path);
   f << "[run]\nmodel = \"m\"\nn_predict = " << s.n_predict << "\ntemperature = 0.0\n";
+  if (!s.security.empty()) f << "[security]\n" << s.security;
   f << "[models.m]\npath = \"" << model << "\"\n";
   if (s.link_latency_ms > 0) f << "[link]\nlatency_us = " << s.link_latency_ms * 1000 << "\n";
-  f << "[nodes.head]\nendpoint = \"tcp://127.0.0.1:" << test::free_port_pair() << "\"\nhead = true\n";
-  for (const char* node : {"n0", "n1", "n2", "spare"})
-    f << "[nodes." << node << "]\nendpoint = \"tcp://127.0.0.1:" << test::free_port_pair() << "\"\n";
+  for (const std::string& node : kNodes)
+    f << "[nodes." << node << "]\nendpoint = \"tcp://" << (s.host ? s.host(node) : "127.0.0.1") << ":"
+      << test::free_port_pair() << "\"\n" << (node == "head" ? "head = true\n" : "");
   for (int i = 0; i < 3; ++i) f << "[devices.cpu" << i << "]\nnode = \"n" << i << "\"\nprofile = { layer_ms = 3.0 }\n";
   if (s.standby) f << "[devices.standby]\nnode = \"spare\"\nstandby = true\nprofile = { layer_ms = 3.0 }\n";
   f << "[[stages]]\ndevice = \"cpu0\"\nlayers = [0, 2]\n";
@@ -217,23 +225,12 @@ TEST(FaultSuite, ALinkDroppedOnEachStageWithAndWithoutAStandby) {
     for (const std::string victim : {"n0", "n1", "n2"}) {
       Row row{"link down", victim, standby};
       const std::string dir = test::private_dir(tmpdir() + "/drop-" + std::to_string(index++));
-      const std::vector<std::string> names = {"head", "n0", "n1", "n2", "spare"};
-      for (const std::string& n : names) write_node_keys(dir + "/keys", n);
-      const std::string config = dir + "/faults.toml";
-      {
-        std::ofstream f(config);
-        f << "[run]\nmodel = \"m\"\nn_predict = 48\ntemperature = 0.0\n[security]\nkeys = \"keys\"\nallow_remote = true\n";
-        f << "[models.m]\npath = \"" << model << "\"\n";
-        for (const std::string& n : names)
-          f << "[nodes." << n << "]\nendpoint = \"tcp://" << (n == victim ? ns.addr_there : ns.addr_here) << ":"
-            << test::free_port_pair() << "\"\n" << (n == "head" ? "head = true\n" : "");
-        for (int i = 0; i < 3; ++i) f << "[devices.cpu" << i << "]\nnode = \"n" << i << "\"\nprofile = { layer_ms = 3.0 }\n";
-        if (standby) f << "[devices.standby]\nnode = \"spare\"\nstandby = true\nprofile = { layer_ms = 3.0 }\n";
-        f << "[[stages]]\ndevice = \"cpu0\"\nlayers = [0, 2]\n[[stages]]\ndevice = \"cpu1\"\nlayers = [2, 4]\n"
-          << "[[stages]]\ndevice = \"cpu2\"\nlayers = [4, 5]\n";
-      }
+      for (const std::string& n : kNodes) write_node_keys(dir + "/keys", n);
+      Pipeline3 setup{standby, 0, 48, dir + "/faults.toml", "keys = \"keys\"\nallow_remote = true\n"};
+      setup.host = [&](const std::string& n) { return n == victim ? ns.addr_there : ns.addr_here; };
+      const std::string config = write_topology(model, setup);
       std::vector<pid_t> pids;
-      for (const std::string& n : names) {
+      for (const std::string& n : kNodes) {
         if (n == "head") continue;
         std::vector<std::string> argv;
         if (n == victim) argv = test::NetnsPair::in(ns.ns);

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "private_dir.hpp"
 #include "netns.hpp"
 #include "ports.hpp"
 #include "processes.hpp"
@@ -29,17 +30,8 @@ const std::string kPrompt = "Once upon a time";
 constexpr int kTokens = 24;
 
 // A private folder for this test's topology, keys and logs, removed at the end.
-struct TestDir {
-  std::string path;
-  TestDir() {
-    char tmpl[] = "/tmp/specmesh-multihost-XXXXXX";
-    if (!::mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
-    path = tmpl;
-  }
-  ~TestDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct TestDir : test::ScopedTempDir {
+  TestDir() : ScopedTempDir("multihost") {}
 };
 
 // Starts argv (the first word found on PATH, or a path) with stdout and stderr to `output`.

@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "specmesh/actors/failover.hpp"
+#include "specmesh/log/rate_limited.hpp"
 #include "specmesh/actors/head_host.hpp"
 
 namespace specmesh {
@@ -25,7 +26,7 @@ struct HeadState {
   RunIds run_ids;
   bool ticking = false;  // a deadline check is scheduled
   uint64_t refused = 0;  // messages from nodes that may not send them
-  std::chrono::steady_clock::time_point refusal_logged{};
+  RateLimitedLog refusals;  // a peer decides how often these lines would be written
   // A failover waiting for the nodes' answers; sessions wait with it.
   struct PendingFailover {
     FailoverPlan plan;
@@ -195,11 +196,9 @@ bool allowed(HeadState& st, const std::string& from, const Envelope& env) {
     ok = std::find(st.cfg.nodes.begin(), st.cfg.nodes.end(), from) != st.cfg.nodes.end();
   if (ok) return true;
   ++st.refused;
-  if (const auto now = std::chrono::steady_clock::now(); now - st.refusal_logged > std::chrono::seconds(1)) {
-    st.refusal_logged = now;
-    spdlog::warn("head: refused {} of run {} from node '{}', which may not send it ({} refused so far)",
-                 to_string(env.type()), env.run_id, from, st.refused);
-  }
+  st.refusals.log("refused", spdlog::level::warn,
+                  fmt::format("head: refused {} of run {} from node '{}', which may not send it ({} refused so far)",
+                              to_string(env.type()), env.run_id, from, st.refused));
   return false;
 }
 

@@ -35,18 +35,28 @@ RunDeadlines::RunDeadlines(std::map<std::string, PipelinePrice> prices, Clock::d
     : prices_(std::move(prices)), floor_(floor), factor_(factor) {}
 
 void RunDeadlines::launched(uint64_t run, const std::string& role, int tokens, Clock::time_point now) {
-  auto p = prices_.find(role);
+  auto [seen, fresh] = prices_seen_.try_emplace({role, tokens}, 0.0);
+  if (fresh) {
+    auto p = prices_.find(role);
+    seen->second = p == prices_.end() ? 0.0 : p->second.run_seconds(tokens);
+  }
   Run r;
   r.role = role;
-  r.seconds = p == prices_.end() ? 0.0 : p->second.run_seconds(tokens);
+  r.seconds = seen->second;
   r.launched = now;
   // Stages work in arrival order: the runs ahead of this one on its pipeline come first.
-  double ahead = 0;
-  for (const auto& [id, o] : runs_)
-    if (o.role == role) ahead += o.seconds;
-  r.deadline = now + floor_ +
-               std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(factor_ * (ahead + r.seconds)));
+  double& queued = queued_[role];
+  queued += r.seconds;
+  r.deadline = now + floor_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(factor_ * queued));
   runs_[run] = std::move(r);
+}
+
+void RunDeadlines::settled(uint64_t run) {
+  auto it = runs_.find(run);
+  if (it == runs_.end()) return;
+  double& queued = queued_[it->second.role];
+  queued = std::max(0.0, queued - it->second.seconds);
+  runs_.erase(it);
 }
 
 std::optional<RunDeadlines::Overdue> RunDeadlines::overdue(Clock::time_point now) const {

@@ -57,9 +57,12 @@ class RunDeadlines {
 
   void launched(uint64_t run, const std::string& role, int tokens, Clock::time_point now = Clock::now());
   // Its answer arrived, or it was cancelled (a cancelled run sends nothing back).
-  void settled(uint64_t run) { runs_.erase(run); }
+  void settled(uint64_t run);
   // Forgets every run (the strategy that launched them was dropped).
-  void clear() { runs_.clear(); }
+  void clear() {
+    runs_.clear();
+    queued_.clear();
+  }
   // The oldest outstanding run whose deadline has passed.
   std::optional<Overdue> overdue(Clock::time_point now = Clock::now()) const;
   std::size_t outstanding() const { return runs_.size(); }
@@ -75,6 +78,10 @@ class RunDeadlines {
   Clock::duration floor_;
   double factor_;
   std::map<uint64_t, Run> runs_;
+  std::map<std::string, double> queued_;  // per role: modelled seconds of its outstanding runs
+  // A run's price by (role, tokens): pricing walks every weight of every stage, and a decode
+  // launches runs of the same few sizes again and again.
+  std::map<std::pair<std::string, int>, double> prices_seen_;
 };
 
 }  // namespace specmesh

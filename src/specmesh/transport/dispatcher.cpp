@@ -1,6 +1,6 @@
 #include "specmesh/transport/dispatcher.hpp"
 
-#include <chrono>
+#include "specmesh/log/rate_limited.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
@@ -16,7 +16,7 @@ struct Dispatch {
   std::vector<Route> routes;
   caf::actor head, manager;
   std::shared_ptr<DispatchStats> stats;
-  std::chrono::steady_clock::time_point logged{};
+  RateLimitedLog log;  // a peer decides how often these lines would be written
 
   const Route* find(const std::string& pipeline, int layer) const {
     for (const auto& r : routes)
@@ -26,20 +26,16 @@ struct Dispatch {
 
   void refuse(const std::string& from, const Envelope& env, const char* why) {
     const uint64_t n = ++stats->refused;
-    if (const auto now = std::chrono::steady_clock::now(); now - logged > std::chrono::seconds(1)) {
-      logged = now;
-      spdlog::warn("node {}: refused {} of run {} from '{}': {} ({} refused so far)", node, to_string(env.type()),
-                   env.run_id, from, why, n);
-    }
+    log.log("refused", spdlog::level::warn,
+            fmt::format("node {}: refused {} of run {} from '{}': {} ({} refused so far)", node, to_string(env.type()),
+                        env.run_id, from, why, n));
   }
 
   void unrouted(const std::string& from, const Envelope& env) {
     const uint64_t n = ++stats->unrouted;
-    if (const auto now = std::chrono::steady_clock::now(); now - logged > std::chrono::seconds(1)) {
-      logged = now;
-      spdlog::warn("node {}: no stage here for {} from {} (run {}; {} so far)", node, to_string(env.type()), from,
-                   env.run_id, n);
-    }
+    log.log("unrouted", spdlog::level::warn,
+            fmt::format("node {}: no stage here for {} from {} (run {}; {} so far)", node, to_string(env.type()), from,
+                        env.run_id, n));
   }
 
   // Work for one stage: delivered only when `from` may send it.
