@@ -20,7 +20,7 @@ void move_endpoints(Topology& topo, int base);
 // Throws std::runtime_error when none turns up.
 int free_port_base(const Topology& topo);
 
-// Throws std::runtime_error "endpoint tcp://127.0.0.1:47310 is in use (node 'head')" for the
+// Throws std::runtime_error "endpoint tcp://127.0.0.1:27310 is in use (node 'head')" for the
 // first of `nodes` whose data or control endpoint a listener holds right now.
 void check_endpoints_free(const Topology& topo, const std::vector<std::string>& nodes);
 
