@@ -25,12 +25,14 @@
 //
 // Usage: bench_alspec [--tokens N] [--dilate F] [--csv FILE]
 //        bench_alspec --cpu [--context K] [--tokens N] [--lambda L] [--rounds 5]
+//                           [--embd 256] [--heads 4] [--ff 512] [--layers 4] [--type f32]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -240,13 +242,21 @@ double sequential_pair_token_seconds(const Model& m, int n, int tokens, double l
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / tokens;
 }
 
-int run_cpu(int context, int tokens, double lambda, int rounds) {
+// The --cpu model's shape: small widths by default; a wider model makes each layer's compute
+// larger against the per-layer sync between the groups.
+struct CpuShape {
+  int n_embd = 256, n_head = 4, n_ff = 512, n_layer = 4;
+  DType type = DType::F32;
+};
+
+int run_cpu(int context, int tokens, double lambda, int rounds, const CpuShape& shape) {
   SyntheticSpec s = *synthetic_preset("tiny-llama");
-  s.n_embd = 256;
-  s.n_head = 4;
-  s.n_head_kv = 4;
-  s.n_ff = 512;
-  s.n_layer = 4;
+  s.n_embd = shape.n_embd;
+  s.n_head = shape.n_head;
+  s.n_head_kv = shape.n_head;
+  s.n_ff = shape.n_ff;
+  s.n_layer = shape.n_layer;
+  s.weight_type = shape.type;
   s.n_ctx = context + tokens + 64;
   s.n_threads = 1;
   const std::string model = write_model("cpu", s);
@@ -254,8 +264,8 @@ int run_cpu(int context, int tokens, double lambda, int rounds) {
   const HParams& hp = m->hparams();
   // Attention's share: what the context adds to a decode token, as a share of the whole.
   const double t_short = plain_token_seconds(*m, 16, 8), t_long = plain_token_seconds(*m, context, 8);
-  std::printf("Real CPU: synthetic llama, %d layers, n_embd %d, %d heads (MHA), n_ff %d, context %d, 1 thread per "
-              "device\n", hp.n_layer, hp.n_embd, hp.n_head, hp.n_ff, context);
+  std::printf("Real CPU: synthetic llama, %d layers, n_embd %d, %d heads (MHA), n_ff %d, %s weights, context %d, 1 "
+              "thread per device\n", hp.n_layer, hp.n_embd, hp.n_head, hp.n_ff, std::string(dtype_name(shape.type)).c_str(), context);
   std::printf("attention share of a decode token at this context: %.0f %% (%.3f ms at 16 keys, %.3f ms at %d)\n",
               100 * (1 - t_short / t_long), 1e3 * t_short, 1e3 * t_long, context);
   std::string prompt;
@@ -302,6 +312,7 @@ int main(int argc, char** argv) {
   int tokens = 0, context = 2048, rounds = 5;
   double dilate = 0, lambda = 2.0;
   bool cpu = false;
+  CpuShape shape;
   std::string csv;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -319,15 +330,29 @@ int main(int argc, char** argv) {
     else if (a == "--rounds") rounds = std::max(1, std::stoi(next()));
     else if (a == "--context") context = std::stoi(next());
     else if (a == "--lambda") lambda = std::stod(next());
-    else {
+    else if (a == "--embd") shape.n_embd = std::stoi(next());
+    else if (a == "--heads") shape.n_head = std::stoi(next());
+    else if (a == "--ff") shape.n_ff = std::stoi(next());
+    else if (a == "--layers") shape.n_layer = std::stoi(next());
+    else if (a == "--type") {
+      const std::string t = next();
+      std::optional<DType> d;
+      for (uint32_t id = 0; id < 64 && !d; ++id)
+        if (const DTypeTraits* tr = dtype_traits(id); tr && tr->name == t) d = DType(id);
+      if (!d) {
+        std::fprintf(stderr, "--type: unknown weight type '%s'\n", t.c_str());
+        return 2;
+      }
+      shape.type = *d;
+    } else {
       std::fprintf(stderr, "usage: %s [--tokens N] [--dilate F] [--csv FILE] | --cpu [--context K] [--tokens N] "
-                           "[--lambda L] [--rounds R]\n", argv[0]);
+                           "[--lambda L] [--rounds R] [--embd N] [--heads N] [--ff N] [--layers N] [--type T]\n", argv[0]);
       return 2;
     }
   }
   set_log_level("error");
   try {
-    return cpu ? run_cpu(context, tokens > 0 ? tokens : 16, lambda, rounds) : run_emulation(tokens > 0 ? tokens : 6, dilate > 0 ? dilate : 24, dilate > 0 ? dilate : 16, csv);
+    return cpu ? run_cpu(context, tokens > 0 ? tokens : 16, lambda, rounds, shape) : run_emulation(tokens > 0 ? tokens : 6, dilate > 0 ? dilate : 24, dilate > 0 ? dilate : 16, csv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_alspec: %s\n", e.what());
     return 1;
