@@ -159,6 +159,9 @@ template <int R, int T> void tile_q8_0(const Problem& p, size_t r, size_t t) { t
 template <int R, int T> void tile_q4_0(const Problem& p, size_t r, size_t t) { tile_int<WeightsQ4_0, R, T>(p, r, t); }
 
 // --- float-like weights (F32, F16, BF16) x F32 activations -------------------------------
+// The same loop as matmul_avx2.cpp's tile_float at twice the width. It is not one shared
+// template: instantiations are merged by name at link time, so a copy built with AVX-512
+// flags could end up serving the AVX2 path on a CPU without AVX-512.
 
 struct LoadF32 {
   using elem = float;
