@@ -6,7 +6,10 @@
 //     for float and K-quant weights, 8-bit dot products for Q8_0 / Q4_0 (whose activations
 //     are quantised to 8 bits).
 // Every row is measured on each kernel path given by --isas, interleaved round by round so
-// the paths share the machine's load; the last column is the ratio to the first path.
+// the paths share the machine's load; "ratio" is the tokens/s ratio to the first path.
+// On a shared machine the threads of a step wait for whichever one the scheduler parked, so
+// "cpu ratio" also compares the process CPU time each path spent (descheduled time does not
+// count; a worker's spinning does).
 //
 //   bench_decode [--types f16,q8_0,q4_0,q4_k] [--threads 2] [--isas avx2,avx512]
 //                [--tokens 16] [--prompts 128,512,2048] [--depths 4096,16384] [--rounds 3]
@@ -14,6 +17,8 @@
 // Models are generated once into DIR (default /tmp/specmesh-bench) and reused. An empty list
 // ("--prompts ''") skips those rows.
 #include <immintrin.h>
+
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
@@ -64,6 +69,19 @@ DType parse_type(const std::string& s) {
 }
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// User + system CPU seconds of the whole process.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// A measurement: tokens per wall-clock second and the CPU seconds it took.
+struct Sample {
+  double tps = 0;
+  double cpu = 0;
+};
 
 // Streaming read bandwidth (GB/s) over a buffer much larger than the caches, like the
 // read-only part of STREAM: each thread sums its own contiguous share with 64-bit loads
@@ -195,30 +213,32 @@ double prefill_ops(const HParams& hp, double n) {
 // Keys and values a decode step reads at `depth` cached tokens.
 double kv_bytes(const HParams& hp, double depth) { return depth * hp.n_layer * 2.0 * hp.kv_dim() * sizeof(float); }
 
-// Runs fn once per round on each path in turn and returns, per path, the median of what fn
-// returned.
-std::vector<double> per_path(const std::vector<std::string>& isas, int rounds, const std::function<double()>& fn) {
-  std::vector<std::vector<double>> got(isas.size());
+// Runs fn once per round on each path in turn and returns, per path, the medians of its
+// tokens/s and of the CPU seconds it took.
+std::vector<Sample> per_path(const std::vector<std::string>& isas, int rounds, const std::function<double()>& fn) {
+  std::vector<std::vector<double>> tps(isas.size()), cpu(isas.size());
   for (int r = 0; r < rounds; ++r)
     for (size_t i = 0; i < isas.size(); ++i) {
       if (!matmul_set_isa(isas[i].c_str())) throw std::runtime_error("this CPU cannot run the " + isas[i] + " path");
-      got[i].push_back(fn());
+      const double c0 = cpu_seconds();
+      tps[i].push_back(fn());
+      cpu[i].push_back(cpu_seconds() - c0);
     }
   matmul_set_isa(nullptr);
-  std::vector<double> med;
-  for (auto& g : got) med.push_back(bench::median(g));
+  std::vector<Sample> med;
+  for (size_t i = 0; i < isas.size(); ++i) med.push_back({bench::median(tps[i]), bench::median(cpu[i])});
   return med;
 }
 
 void print_row(const char* type, int threads, const std::string& what, const std::vector<std::string>& isas,
-               const std::vector<double>& tps, double roof_tps, const char* roof_what, double ops_per_token) {
+               const std::vector<Sample>& got, double roof_tps, const char* roof_what, double ops_per_token) {
   for (size_t i = 0; i < isas.size(); ++i) {
-    const double pct = 100.0 * tps[i] / roof_tps;
-    std::printf("%-6s %3d %-14s %-7s %10.2f %10.2f %8.1f%%", type, threads, what.c_str(), isas[i].c_str(), tps[i],
-                roof_tps, pct);
-    if (ops_per_token > 0) std::printf(" %9.1f", tps[i] * ops_per_token / 1e9);
+    const double tps = got[i].tps;
+    std::printf("%-6s %3d %-14s %-7s %10.2f %10.2f %8.1f%%", type, threads, what.c_str(), isas[i].c_str(), tps,
+                roof_tps, 100.0 * tps / roof_tps);
+    if (ops_per_token > 0) std::printf(" %9.1f", tps * ops_per_token / 1e9);
     else std::printf(" %9s", "-");
-    std::printf(" %-6s %6.2fx\n", roof_what, tps[i] / tps[0]);
+    std::printf(" %-6s %6.2fx %8.2fx\n", roof_what, tps / got[0].tps, got[0].cpu / got[i].cpu);
   }
   std::fflush(stdout);
 }
@@ -284,8 +304,8 @@ int main(int argc, char** argv) {
       std::printf("\n## %s, %d thread(s): weights %.1f MB, read bandwidth %.2f GB/s, peak f32 FMA %.1f GFLOP/s, "
                   "peak int8 dot %.1f GOP/s\n",
                   tname.c_str(), th, weight_bytes / 1e6, bw, pk.f32, pk.int8);
-      std::printf("%-6s %3s %-14s %-7s %10s %10s %9s %9s %-6s %7s\n", "type", "thr", "row", "path", "tok/s",
-                  "roof tok/s", "% roof", "G op/s", "roof", "ratio");
+      std::printf("%-6s %3s %-14s %-7s %10s %10s %9s %9s %-6s %7s %9s\n", "type", "thr", "row", "path", "tok/s",
+                  "roof tok/s", "% roof", "G op/s", "roof", "ratio", "cpu ratio");
       std::fflush(stdout);
 
       // Short-context decode.
