@@ -1,20 +1,37 @@
-// Decode and prompt-processing speed of 1.1B-shaped models next to the machine's memory
-// bandwidth, measured in the same run: decode reads every weight once per token, so
-// bandwidth / weight bytes per token is its roofline.
+// Decode and prompt-processing speed of 1.1B-shaped models next to the machine's limits,
+// measured in the same run:
+//   - decode reads every weight once per token (and, at depth, every cached key and value),
+//     so bandwidth / bytes per token is its roofline;
+//   - prefill is compute-bound, so its roofline is the cores' peak multiply-add rate: f32 FMA
+//     for float and K-quant weights, 8-bit dot products for Q8_0 / Q4_0 (whose activations
+//     are quantised to 8 bits).
+// Every row is measured on each kernel path given by --isas, interleaved round by round so
+// the paths share the machine's load; "ratio" is the tokens/s ratio to the first path.
+// On a shared machine the threads of a step wait for whichever one the scheduler parked, so
+// "cpu ratio" also compares the process CPU time each path spent (descheduled time does not
+// count; a worker's spinning does).
 //
-//   bench_decode [--types f16,q8_0,q4_0] [--threads 1,2] [--tokens 16] [--prompt 64]
-//                [--dir DIR] [--preset tinyllama-1.1b]
-// Models are generated once into DIR (default /tmp/specmesh-bench) and reused.
+//   bench_decode [--types f16,q8_0,q4_0,q4_k] [--threads 2] [--isas avx2,avx512]
+//                [--tokens 16] [--prompts 128,512,2048] [--depths 4096,16384] [--rounds 3]
+//                [--batch 512] [--dir DIR] [--preset tinyllama-1.1b]
+// Models are generated once into DIR (default /tmp/specmesh-bench) and reused. An empty list
+// ("--prompts ''") skips those rows.
+#include <immintrin.h>
+
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "specmesh/kernels/matmul.hpp"
 #include "specmesh/kernels/thread_pool.hpp"
 #include "specmesh/model/context.hpp"
@@ -29,7 +46,14 @@ namespace {
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+std::vector<int> split_ints(const std::string& s) {
+  std::vector<int> out;
+  for (const auto& item : split(s)) out.push_back(std::stoi(item));
   return out;
 }
 
@@ -44,6 +68,21 @@ DType parse_type(const std::string& s) {
   throw std::invalid_argument("unknown type " + s);
 }
 
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// User + system CPU seconds of the whole process.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// A measurement: tokens per wall-clock second and the CPU seconds it took.
+struct Sample {
+  double tps = 0;
+  double cpu = 0;
+};
+
 // Streaming read bandwidth (GB/s) over a buffer much larger than the caches, like the
 // read-only part of STREAM: each thread sums its own contiguous share with 64-bit loads
 // (two loads per cycle outrun DRAM, so no SIMD is needed to saturate it).
@@ -52,7 +91,7 @@ double read_bandwidth(ThreadPool& pool, size_t bytes) {
   if (buf.size() * 8 < bytes) buf.assign(bytes / 8, 1);
   const size_t n = buf.size();
   double best = 0;
-  std::vector<uint64_t> partial(pool.size());
+  std::vector<uint64_t> partial(pool.size() * 8);  // a cache line per thread
   for (int rep = 0; rep < 5; ++rep) {
     auto t0 = Clock::now();
     pool.run([&](int ith, int nth) {
@@ -64,9 +103,9 @@ double read_bandwidth(ThreadPool& pool, size_t bytes) {
         a2 += buf[i + 2];
         a3 += buf[i + 3];
       }
-      partial[ith] = a0 + a1 + a2 + a3;
+      partial[ith * 8] = a0 + a1 + a2 + a3;
     });
-    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double sec = seconds_since(t0);
     uint64_t check = 0;
     for (uint64_t p : partial) check += p;
     if (check == 0) std::fprintf(stderr, "impossible\n");  // keeps the loads alive
@@ -75,17 +114,151 @@ double read_bandwidth(ThreadPool& pool, size_t bytes) {
   return best;
 }
 
+// --- peak arithmetic rates ---------------------------------------------------------------
+// Twelve independent accumulator chains per thread hide the instruction latencies, so these
+// loops run at the core's issue limit. Returns operations (a multiply-add counts 2) per second.
+
+constexpr int kPeakIters = 1 << 22;
+
+__attribute__((target("avx2,fma"))) uint64_t fma_loop_avx2() {
+  __m256 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(float(i));
+  const __m256 m = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-3f);
+  for (int it = 0; it < kPeakIters; ++it)
+    for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], m, c);
+  __m256 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, a[i]);
+  float out[8];
+  _mm256_storeu_ps(out, s);
+  if (out[0] == 12345.0f) std::fprintf(stderr, "impossible\n");
+  return uint64_t(kPeakIters) * 12 * 8 * 2;
+}
+
+__attribute__((target("avx512f"))) uint64_t fma_loop_avx512() {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(float(i));
+  const __m512 m = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-3f);
+  for (int it = 0; it < kPeakIters; ++it)
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], m, c);
+  __m512 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
+  if (_mm512_reduce_add_ps(s) == 12345.0f) std::fprintf(stderr, "impossible\n");
+  return uint64_t(kPeakIters) * 12 * 16 * 2;
+}
+
+// 8-bit products with AVX2: maddubs (pairs into 16 bits) then madd (into 32 bits), the
+// sequence the AVX2 integer kernels use.
+__attribute__((target("avx2"))) uint64_t int8_loop_avx2() {
+  __m256i a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_epi32(i);
+  const __m256i u = _mm256_set1_epi8(3), s8 = _mm256_set1_epi8(-2), ones = _mm256_set1_epi16(1);
+  for (int it = 0; it < kPeakIters; ++it)
+    for (int i = 0; i < 12; ++i)
+      a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(_mm256_maddubs_epi16(u, s8), ones));
+  __m256i s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_epi32(s, a[i]);
+  if (_mm256_extract_epi32(s, 0) == 12345) std::fprintf(stderr, "impossible\n");
+  return uint64_t(kPeakIters) * 12 * 32 * 2;
+}
+
+__attribute__((target("avx512f,avx512vnni"))) uint64_t int8_loop_vnni() {
+  __m512i a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_epi32(i);
+  const __m512i u = _mm512_set1_epi8(3), s8 = _mm512_set1_epi8(-2);
+  for (int it = 0; it < kPeakIters; ++it)
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbusd_epi32(a[i], u, s8);
+  __m512i s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_epi32(s, a[i]);
+  if (_mm512_reduce_add_epi32(s) == 12345) std::fprintf(stderr, "impossible\n");
+  return uint64_t(kPeakIters) * 12 * 64 * 2;
+}
+
+// The best of three runs on every thread at once, in G operations per second.
+double peak_rate(ThreadPool& pool, uint64_t (*loop)()) {
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<uint64_t> ops(pool.size() * 8);
+    const auto t0 = Clock::now();
+    pool.run([&](int ith, int) { ops[ith * 8] = loop(); });
+    const double sec = seconds_since(t0);
+    uint64_t total = 0;
+    for (uint64_t o : ops) total += o;
+    best = std::max(best, total / sec / 1e9);
+  }
+  return best;
+}
+
+struct Peaks {
+  double f32 = 0;   // GFLOP/s
+  double int8 = 0;  // G int8 ops/s
+};
+
+Peaks peaks(ThreadPool& pool) {
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  const bool vnni = avx512 && __builtin_cpu_supports("avx512vnni");
+  return {peak_rate(pool, avx512 ? fma_loop_avx512 : fma_loop_avx2), peak_rate(pool, vnni ? int8_loop_vnni : int8_loop_avx2)};
+}
+
+bool int8_dot(DType t) { return t == DType::Q8_0 || t == DType::Q4_0; }
+
+// Multiply-adds x 2 of a prompt of n tokens: every layer matrix once per token, attention over
+// the causal triangle, and the output matrix for the last token only.
+double prefill_ops(const HParams& hp, double n) {
+  const double d = hp.n_embd, q = hp.q_dim(), kv = hp.kv_dim(), ff = hp.n_ff;
+  const double per_token = d * q + 2 * d * kv + q * d + 3 * d * ff;
+  const double attention = 2.0 * q * (n * (n + 1) / 2);  // q.k and p.v per visible pair
+  return 2.0 * (hp.n_layer * (per_token * n + attention) + double(hp.n_vocab) * d);
+}
+
+// Keys and values a decode step reads at `depth` cached tokens.
+double kv_bytes(const HParams& hp, double depth) { return depth * hp.n_layer * 2.0 * hp.kv_dim() * sizeof(float); }
+
+// Runs fn once per round on each path in turn and returns, per path, the medians of its
+// tokens/s and of the CPU seconds it took.
+std::vector<Sample> per_path(const std::vector<std::string>& isas, int rounds, const std::function<double()>& fn) {
+  std::vector<std::vector<double>> tps(isas.size()), cpu(isas.size());
+  for (int r = 0; r < rounds; ++r)
+    for (size_t i = 0; i < isas.size(); ++i) {
+      if (!matmul_set_isa(isas[i].c_str())) throw std::runtime_error("this CPU cannot run the " + isas[i] + " path");
+      const double c0 = cpu_seconds();
+      tps[i].push_back(fn());
+      cpu[i].push_back(cpu_seconds() - c0);
+    }
+  matmul_set_isa(nullptr);
+  std::vector<Sample> med;
+  for (size_t i = 0; i < isas.size(); ++i) med.push_back({bench::median(tps[i]), bench::median(cpu[i])});
+  return med;
+}
+
+void print_row(const char* type, int threads, const std::string& what, const std::vector<std::string>& isas,
+               const std::vector<Sample>& got, double roof_tps, const char* roof_what, double ops_per_token) {
+  for (size_t i = 0; i < isas.size(); ++i) {
+    const double tps = got[i].tps;
+    std::printf("%-6s %3d %-14s %-7s %10.2f %10.2f %8.1f%%", type, threads, what.c_str(), isas[i].c_str(), tps,
+                roof_tps, 100.0 * tps / roof_tps);
+    if (ops_per_token > 0) std::printf(" %9.1f", tps * ops_per_token / 1e9);
+    else std::printf(" %9s", "-");
+    std::printf(" %-6s %6.2fx %8.2fx\n", roof_what, tps / got[0].tps, got[0].cpu / got[i].cpu);
+  }
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string types = "f16,q8_0,q4_0", threads = "1,2", dir = "/tmp/specmesh-bench", preset = "tinyllama-1.1b";
-  int n_tokens = 16, n_prompt = 64;
+  std::string types = "f16,q8_0,q4_0,q4_k", threads = "2", dir = "/tmp/specmesh-bench", preset = "tinyllama-1.1b";
+  std::string isa_list = "", prompt_list = "128,512,2048", depth_list = "4096,16384";
+  int n_tokens = 16, rounds = 3, n_batch = 512;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
     if (a == "--types") types = v;
     else if (a == "--threads") threads = v;
+    else if (a == "--isas") isa_list = v;
     else if (a == "--tokens") n_tokens = std::stoi(v);
-    else if (a == "--prompt") n_prompt = std::stoi(v);
+    else if (a == "--prompts") prompt_list = v;
+    else if (a == "--depths") depth_list = v;
+    else if (a == "--rounds") rounds = std::stoi(v);
+    else if (a == "--batch") n_batch = std::stoi(v);
     else if (a == "--dir") dir = v;
     else if (a == "--preset") preset = v;
     else {
@@ -93,12 +266,20 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  std::vector<std::string> isas = split(isa_list);
+  if (isas.empty()) isas.push_back(matmul_isa());
+  for (const auto& isa : isas)
+    if (!matmul_set_isa(isa.c_str())) {
+      std::fprintf(stderr, "--isas: this CPU cannot run the %s path (scalar, avx2, avx512)\n", isa.c_str());
+      return 2;
+    }
+  matmul_set_isa(nullptr);
+  const std::vector<int> prompts = split_ints(prompt_list), depths = split_ints(depth_list);
   std::filesystem::create_directories(dir);
 
-  std::printf("# specmesh decode benchmark: preset %s, matmul isa %s, %d decode tokens, %d-token prompt\n",
-              preset.c_str(), matmul_isa(), n_tokens, n_prompt);
-  std::printf("%-6s %3s %12s %10s %12s %12s %10s %12s\n", "type", "thr", "weights MB", "bw GB/s", "roofline t/s",
-              "decode t/s", "% roof", "prompt t/s");
+  std::printf("# specmesh decode/prefill benchmark: preset %s, paths %s, %d decode tokens, prefill batch %d, "
+              "median of %d rounds\n",
+              preset.c_str(), isa_list.empty() ? matmul_isa() : isa_list.c_str(), n_tokens, n_batch, rounds);
   for (const std::string& tname : split(types)) {
     auto spec = synthetic_preset(preset);
     if (!spec) {
@@ -113,27 +294,64 @@ int main(int argc, char** argv) {
       std::filesystem::rename(path + ".tmp", path);
     }
     auto model = Model::load(path);
-    const double mb = model->weight_bytes_per_token() / 1e6;
-    for (const std::string& th : split(threads)) {
-      ThreadPool pool(std::stoi(th));
+    const HParams& hp = model->hparams();
+    const double weight_bytes = double(model->weight_bytes_per_token());
+    for (int th : split_ints(threads)) {
+      ThreadPool pool(th);
       const double bw = read_bandwidth(pool, size_t(1) << 30);
-      Context ctx(*model, {.n_ctx = n_prompt + n_tokens + 8}, &pool);
-      std::vector<int32_t> prompt(n_prompt);
-      for (int i = 0; i < n_prompt; ++i) prompt[i] = 1 + (i * 37) % (model->hparams().n_vocab - 1);
-      prefill(ctx, {1}, 0, 1);  // touch every weight page once, so neither figure pays for disk reads
-      ctx.kv().clear();
-      auto t0 = Clock::now();
-      prefill(ctx, prompt, 0, n_prompt);
-      const double prompt_tps = n_prompt / std::chrono::duration<double>(Clock::now() - t0).count();
-      ctx.kv().clear();
-      GenerateParams gp;
-      gp.n_predict = n_tokens + 1;
-      gp.ignore_eos = true;
-      GenerateStats st = generate(ctx, {1}, gp, [](int32_t) { return true; });
-      const double roof = bw * 1e3 / mb;
-      std::printf("%-6s %3s %12.1f %10.2f %12.2f %12.2f %9.1f%% %12.2f\n", tname.c_str(), th.c_str(), mb, bw, roof,
-                  st.decode_tokens_per_s, 100.0 * st.decode_tokens_per_s / roof, prompt_tps);
+      const Peaks pk = peaks(pool);
+      const double peak = int8_dot(parse_type(tname)) ? pk.int8 : pk.f32;
+      std::printf("\n## %s, %d thread(s): weights %.1f MB, read bandwidth %.2f GB/s, peak f32 FMA %.1f GFLOP/s, "
+                  "peak int8 dot %.1f GOP/s\n",
+                  tname.c_str(), th, weight_bytes / 1e6, bw, pk.f32, pk.int8);
+      std::printf("%-6s %3s %-14s %-7s %10s %10s %9s %9s %-6s %7s %9s\n", "type", "thr", "row", "path", "tok/s",
+                  "roof tok/s", "% roof", "G op/s", "roof", "ratio", "cpu ratio");
       std::fflush(stdout);
+
+      // Short-context decode.
+      {
+        Context ctx(*model, {.n_ctx = n_tokens + 8}, &pool);
+        prefill(ctx, {1}, 0, 1);  // touch every weight page once, so no figure pays for disk reads
+        const auto tps = per_path(isas, rounds, [&] {
+          ctx.kv().clear();
+          GenerateParams gp;
+          gp.n_predict = n_tokens + 1;
+          gp.ignore_eos = true;
+          return generate(ctx, {1}, gp, [](int32_t) { return true; }).decode_tokens_per_s;
+        });
+        print_row(tname.c_str(), th, "decode", isas, tps, bw * 1e9 / weight_bytes, "bw", 0);
+      }
+      // Prompt processing.
+      for (int n : prompts) {
+        Context ctx(*model, {.n_ctx = n + 8}, &pool);
+        std::vector<int32_t> prompt(n);
+        for (int i = 0; i < n; ++i) prompt[i] = 1 + (i * 37) % (hp.n_vocab - 1);
+        const double ops_per_token = prefill_ops(hp, n) / n;
+        const auto tps = per_path(isas, rounds, [&] {
+          ctx.kv().clear();
+          const auto t0 = Clock::now();
+          prefill(ctx, prompt, 0, n_batch);
+          return n / seconds_since(t0);
+        });
+        print_row(tname.c_str(), th, "prefill " + std::to_string(n), isas, tps, peak * 1e9 / ops_per_token,
+                  int8_dot(parse_type(tname)) ? "int8" : "f32", ops_per_token);
+      }
+      // Decode after `depth` cached tokens. The cache cells are claimed without running the
+      // prompt (their keys and values are zeros): attention reads every one all the same.
+      for (int depth : depths) {
+        Context ctx(*model, {.n_ctx = depth + n_tokens + 8}, &pool);
+        const auto tps = per_path(isas, rounds, [&] {
+          ctx.kv().clear();
+          Batch fill;
+          for (int i = 0; i < depth; ++i) fill.add(1, i, seq_bit(0), false);
+          ctx.kv().place(fill);
+          const auto t0 = Clock::now();
+          for (int i = 0; i < n_tokens; ++i) prefill(ctx, {1 + i}, depth + i, 1);
+          return n_tokens / seconds_since(t0);
+        });
+        const double bytes = weight_bytes + kv_bytes(hp, depth + n_tokens / 2.0);
+        print_row(tname.c_str(), th, "decode @" + std::to_string(depth), isas, tps, bw * 1e9 / bytes, "bw", 0);
+      }
     }
   }
   return 0;

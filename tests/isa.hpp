@@ -1,4 +1,5 @@
-// Kernel tests run every SIMD path the CPU has: the portable one and, where present, AVX2.
+// Kernel tests run every SIMD path the CPU has: the portable one and, where present, AVX2
+// and AVX-512.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -13,7 +14,8 @@ namespace specmesh::test {
 // The kernel paths to test on this CPU, the portable one first.
 inline std::vector<std::string> isas() {
   std::vector<std::string> v{"scalar"};
-  if (matmul_set_isa("avx2")) v.push_back("avx2");
+  for (const char* isa : {"avx2", "avx512"})
+    if (matmul_set_isa(isa)) v.push_back(isa);
   matmul_set_isa(nullptr);
   return v;
 }

@@ -104,7 +104,7 @@ size_t cols_for(DType t, bool ragged) {
 
 TEST_F(MatmulTest, IsaSelection) {
   const std::string def = matmul_isa();
-  EXPECT_TRUE(def == "avx2" || def == "scalar");
+  EXPECT_TRUE(def == "avx512" || def == "avx2" || def == "scalar");
   EXPECT_FALSE(matmul_set_isa("sse9"));
   EXPECT_EQ(std::string(matmul_isa()), def);
   EXPECT_TRUE(matmul_set_isa("scalar"));
@@ -112,9 +112,10 @@ TEST_F(MatmulTest, IsaSelection) {
   EXPECT_TRUE(matmul_set_isa("auto"));
   EXPECT_EQ(std::string(matmul_isa()), def);
   const char* env = std::getenv("SPECMESH_ISA");
-  if (env != nullptr && std::string(env) == "scalar") {
-    EXPECT_EQ(def, "scalar");
-  }
+  if (env != nullptr && std::string(env) == "scalar") EXPECT_EQ(def, "scalar");
+  if (env != nullptr && std::string(env) == "avx2") EXPECT_NE(def, "avx512");
+  if (env == nullptr) EXPECT_EQ(def, isas().back()) << "the default is the best path the CPU runs";
+  EXPECT_FALSE(matmul_set_isa("avx5120"));
 }
 
 TEST_F(MatmulTest, MatchesDoubleReference) {
@@ -181,7 +182,7 @@ TEST_F(MatmulTest, UnitVectorsExtractExactWeights) {
   }
 }
 
-TEST_F(MatmulTest, Avx2AgreesWithScalar) {
+TEST_F(MatmulTest, SimdPathsAgreeWithScalar) {
   if (isas().size() < 2) GTEST_SKIP() << "no AVX2/FMA/F16C on this CPU";
   ThreadPool pool(2);
   for (DType t : kAllTypes) {
@@ -190,7 +191,8 @@ TEST_F(MatmulTest, Avx2AgreesWithScalar) {
     const auto x = activations(n, cols, 10);
     use("scalar");
     const auto ys = run(m, x, n, pool);
-    use("avx2");
+    for (const auto& isa : isas()) {
+    use(isa);
     const auto ya = run(m, x, n, pool);
     for (size_t tok = 0; tok < n; ++tok) {
       for (size_t r = 0; r < rows; ++r) {
@@ -200,31 +202,42 @@ TEST_F(MatmulTest, Avx2AgreesWithScalar) {
         double abs_sum = 0;
         for (size_t i = 0; i < cols; ++i) abs_sum += std::fabs(double(m.deq[r * cols + i]) * xt[i]);
         const double tol = 4.0 * (double(cols) / 8 + 3) * std::ldexp(1.0, -24) * abs_sum;
-        ASSERT_NEAR(ya[tok * rows + r], ys[tok * rows + r], tol) << dtype_name(t) << " token " << tok << " row " << r;
+        ASSERT_NEAR(ya[tok * rows + r], ys[tok * rows + r], tol)
+            << isa << " " << dtype_name(t) << " token " << tok << " row " << r;
       }
+    }
     }
   }
 }
 
 // The determinism contract: a batch equals single-token calls bit for bit, for any thread
-// count. 133 rows x 512 cols is above the single-thread cutoff, so two threads really split.
+// count, batch size 1..16 and row count (which changes how tiles fall). 133 rows x 512 cols
+// is above the single-thread cutoff, so two threads really split; odd block counts (Q4_0,
+// Q8_0 at 480 cols) take the AVX-512 kernels' half-pair tail.
 TEST_F(MatmulTest, BatchEqualsSingleTokenBitwise) {
   ThreadPool pool1(1), pool2(2);
+  constexpr size_t kMaxBatch = 16;
   for (const auto& isa : isas()) {
     use(isa);
     for (DType t : kAllTypes) {
-      const size_t rows = 133, cols = 512;
-      const Matrix m = make_matrix(t, rows, cols, 21);
-      const auto x = activations(9, cols, 22);
-      std::vector<float> single(9 * rows);
-      for (size_t tok = 0; tok < 9; ++tok)
-        matmul(m.view(), x.data() + tok * cols, 1, single.data() + tok * rows, pool1);
-      for (size_t n = 1; n <= 9; ++n) {
-        for (ThreadPool* pool : {&pool1, &pool2}) {
-          const auto y = run(m, x, n, *pool);
-          ASSERT_EQ(std::memcmp(y.data(), single.data(), n * rows * sizeof(float)), 0)
-              << isa << " " << dtype_name(t) << " n_tokens " << n << " threads " << pool->size();
+      for (size_t cols : {size_t(512), is_kquant(t) ? size_t(256) : is_int_dot(t) ? size_t(480) : size_t(172)}) {
+        const size_t rows = 133;
+        const Matrix m = make_matrix(t, rows, cols, 21);
+        const auto x = activations(kMaxBatch, cols, 22);
+        std::vector<float> single(kMaxBatch * rows);
+        for (size_t tok = 0; tok < kMaxBatch; ++tok)
+          matmul(m.view(), x.data() + tok * cols, 1, single.data() + tok * rows, pool1);
+        for (size_t n = 1; n <= kMaxBatch; ++n) {
+          for (ThreadPool* pool : {&pool1, &pool2}) {
+            const auto y = run(m, x, n, *pool);
+            ASSERT_EQ(std::memcmp(y.data(), single.data(), n * rows * sizeof(float)), 0)
+                << isa << " " << dtype_name(t) << " cols " << cols << " n_tokens " << n << " threads " << pool->size();
+          }
         }
+        // A batch that starts elsewhere: tokens 3.. of the same activations.
+        const auto y = run(m, std::vector<float>(x.begin() + 3 * cols, x.end()), kMaxBatch - 3, pool2);
+        ASSERT_EQ(std::memcmp(y.data(), single.data() + 3 * rows, (kMaxBatch - 3) * rows * sizeof(float)), 0)
+            << isa << " " << dtype_name(t) << " offset batch";
       }
     }
   }

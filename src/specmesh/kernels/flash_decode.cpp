@@ -58,7 +58,7 @@ void partial_scalar(const detail::PartialJob& j) {
 
 bool use_avx2() {
 #ifdef SPECMESH_HAVE_AVX2_TU
-  return std::strcmp(matmul_isa(), "avx2") == 0;
+  return matmul_isa_has_avx2();
 #else
   return false;
 #endif

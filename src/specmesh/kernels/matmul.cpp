@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -137,7 +138,9 @@ void quantize_act_scalar(const float* x, size_t cols, ActQ8* out) {
 
 // --- dispatch ----------------------------------------------------------------------------
 
-enum class Isa : int { Scalar = 0, Avx2 = 1 };
+enum class Isa : int { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+
+constexpr const char* kIsaNames[] = {"scalar", "avx2", "avx512"};
 
 bool cpu_has_avx2() {
 #ifdef SPECMESH_HAVE_AVX2_TU
@@ -150,10 +153,51 @@ bool cpu_has_avx2() {
 #endif
 }
 
+bool cpu_has_avx512() {
+#ifdef SPECMESH_HAVE_AVX2_TU
+  // __builtin_cpu_supports also checks that the OS saves the zmm and mask registers.
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
+bool cpu_supports(Isa isa) {
+  switch (isa) {
+    case Isa::Scalar: return true;
+    case Isa::Avx2: return cpu_has_avx2();
+    case Isa::Avx512: return cpu_has_avx512();
+  }
+  return false;
+}
+
+// The path a name selects; false for an unknown name.
+bool parse_isa(const char* name, Isa& out) {
+  for (int i = 0; i < 3; ++i) {
+    if (std::strcmp(name, kIsaNames[i]) == 0) {
+      out = Isa(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+Isa best_isa() { return cpu_has_avx512() ? Isa::Avx512 : cpu_has_avx2() ? Isa::Avx2 : Isa::Scalar; }
+
+// SPECMESH_ISA caps the path: "scalar", "avx2" or "avx512" (the best this CPU runs, never
+// above the name). An unknown name is reported once and ignored.
 Isa default_isa() {
   const char* env = std::getenv("SPECMESH_ISA");
-  if (env != nullptr && std::strcmp(env, "scalar") == 0) return Isa::Scalar;
-  return cpu_has_avx2() ? Isa::Avx2 : Isa::Scalar;
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return best_isa();
+  Isa want;
+  if (!parse_isa(env, want)) {
+    std::fprintf(stderr, "SPECMESH_ISA=%s: unknown kernel path (scalar, avx2, avx512 or auto); using auto\n", env);
+    return best_isa();
+  }
+  while (!cpu_supports(want)) want = Isa(int(want) - 1);
+  return want;
 }
 
 std::atomic<int> g_isa{-1};
@@ -205,7 +249,7 @@ void matmul_rows(const WeightView& w, size_t row_begin, size_t row_end, const fl
     act.resize(n_tokens * nb);
     for (size_t t = 0; t < n_tokens; ++t) {
 #ifdef SPECMESH_HAVE_AVX2_TU
-      if (isa == Isa::Avx2) {
+      if (isa != Isa::Scalar) {
         quantize_act_avx2(x + t * w.cols, w.cols, act.data() + t * nb);
         continue;
       }
@@ -213,10 +257,22 @@ void matmul_rows(const WeightView& w, size_t row_begin, size_t row_end, const fl
       quantize_act_scalar(x + t * w.cols, w.cols, act.data() + t * nb);
     }
     p.xq = act.data();
+#ifdef SPECMESH_HAVE_AVX2_TU
+    if (isa == Isa::Avx512) {
+      // 64-byte aligned, for the kernels' whole-register loads.
+      thread_local std::vector<uint8_t> packed;
+      const size_t per_token = packed_act_bytes(w.cols);
+      packed.resize(n_tokens * per_token + 64);
+      uint8_t* base = packed.data() + (64 - reinterpret_cast<uintptr_t>(packed.data()) % 64) % 64;
+      for (size_t t = 0; t < n_tokens; ++t) pack_act_avx512(w.type, act.data() + t * nb, w.cols, base + t * per_token);
+      p.xp = base;
+    }
+#endif
   }
 
   auto run = [&](size_t r0, size_t r1) {
 #ifdef SPECMESH_HAVE_AVX2_TU
+    if (isa == Isa::Avx512) return gemm_rows_avx512(p, r0, r1);
     if (isa == Isa::Avx2) return gemm_rows_avx2(p, r0, r1);
 #endif
     gemm_rows_scalar(p, r0, r1);
@@ -239,19 +295,16 @@ void matmul(const WeightView& w, const float* x, size_t n_tokens, float* y, Thre
   matmul_rows(w, 0, w.rows, x, n_tokens, y, pool);
 }
 
-const char* matmul_isa() { return mm::current_isa() == mm::Isa::Avx2 ? "avx2" : "scalar"; }
+const char* matmul_isa() { return mm::kIsaNames[int(mm::current_isa())]; }
+
+bool matmul_isa_has_avx2() { return mm::current_isa() != mm::Isa::Scalar; }
 
 bool matmul_set_isa(const char* isa) {
   using namespace mm;
   Isa v;
   if (isa == nullptr || *isa == '\0' || std::strcmp(isa, "auto") == 0) {
     v = default_isa();
-  } else if (std::strcmp(isa, "scalar") == 0) {
-    v = Isa::Scalar;
-  } else if (std::strcmp(isa, "avx2") == 0) {
-    if (!cpu_has_avx2()) return false;
-    v = Isa::Avx2;
-  } else {
+  } else if (!parse_isa(isa, v) || !cpu_supports(v)) {
     return false;
   }
   g_isa.store(int(v), std::memory_order_relaxed);

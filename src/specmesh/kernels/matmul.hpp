@@ -25,13 +25,19 @@ void matmul(const WeightView& w, const float* x, size_t n_tokens, float* y, Thre
 void matmul_rows(const WeightView& w, size_t row_begin, size_t row_end, const float* x,
                  size_t n_tokens, float* y, ThreadPool& pool);
 
-// Name of the SIMD path matmul uses on this machine ("avx2" or "scalar").
+// Name of the SIMD path matmul uses on this machine: "avx512" (AVX-512 F/BW/VL/DQ with
+// VNNI), "avx2" (AVX2, FMA, F16C) or "scalar" (portable C++).
 const char* matmul_isa();
 
-// Overrides the path chosen at start-up (from the CPU and SPECMESH_ISA=scalar): "scalar",
-// "avx2", or nullptr / "" / "auto" to restore the default. Returns false, changing nothing,
-// for an unknown name or a path this CPU cannot run. For tests and benchmarks; not meant to
-// race with running matmuls.
+// True when the current path may use AVX2 code (avx2 or avx512): the attention kernels,
+// which have no AVX-512 variant, take their AVX2 code then.
+bool matmul_isa_has_avx2();
+
+// Overrides the path chosen at start-up (the best the CPU runs, capped by SPECMESH_ISA=scalar,
+// avx2 or avx512): "scalar", "avx2", "avx512", or nullptr / "" / "auto" to restore the
+// default. Returns false, changing nothing, for an unknown name or a path this CPU cannot run.
+// Every path keeps the batch-invariance rule; different paths may round differently.
+// For tests and benchmarks; not meant to race with running matmuls.
 bool matmul_set_isa(const char* isa);
 
 }  // namespace specmesh

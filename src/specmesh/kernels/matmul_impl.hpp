@@ -1,4 +1,4 @@
-// Types shared by the portable and the AVX2 matmul translation units (private to kernels/).
+// Types shared by the portable, AVX2 and AVX-512 matmul translation units (private to kernels/).
 #pragma once
 
 #include <cstddef>
@@ -21,12 +21,18 @@ struct Problem {
   size_t cols;
   const float* x;     // n_tokens x cols activations
   const ActQ8* xq;    // n_tokens x cols/32 quantised activations (Q4_0 / Q8_0 weights only)
+  const uint8_t* xp;  // the same packed for the AVX-512 kernels (packed_act_bytes per token)
   size_t n_tokens;
   float* y;           // y[t*ldy + r], r relative to w
   size_t ldy;
 };
 
 void gemm_rows_avx2(const Problem& p, size_t r0, size_t r1);
+void gemm_rows_avx512(const Problem& p, size_t r0, size_t r1);
+// The AVX-512 integer kernels read each token's quantised activations in pairs of blocks laid
+// out for whole-register loads: packed_act_bytes(cols) bytes per token (a multiple of 64).
+size_t packed_act_bytes(size_t cols);
+void pack_act_avx512(DType type, const ActQ8* x, size_t cols, uint8_t* out);
 void quantize_act_avx2(const float* x, size_t cols, ActQ8* out);
 
 }  // namespace specmesh::mm

@@ -88,7 +88,7 @@ const TileSteps& steps(int head_dim) {
                                   tree_attn_detail::accumulate_portable};
 #ifdef SPECMESH_HAVE_AVX2_TU
   // The project's one SIMD switch (CPU check, SPECMESH_ISA, tests) lives with matmul.
-  if (head_dim % 8 == 0 && std::strcmp(matmul_isa(), "avx2") == 0) return tree_attn_detail::tile_steps_avx2();
+  if (head_dim % 8 == 0 && matmul_isa_has_avx2()) return tree_attn_detail::tile_steps_avx2();
 #endif
   return portable;
 }

@@ -1,0 +1,305 @@
+// AVX-512 matmul kernels: VNNI (vpdpbusd) integer dot products for Q8_0 / Q4_0 weights, and
+// 16-lane FMA for F32 / F16 / BF16. Built with AVX-512 F/BW/VL/DQ/VNNI and F16C and only
+// called after a run-time CPU check (matmul.cpp). K-quant weights take the AVX2 kernels.
+//
+// Integer dots: vpdpbusd multiplies unsigned by signed bytes and adds groups of four into
+// 32-bit lanes, with no 16-bit intermediate to saturate. The weights are made unsigned by an
+// offset (w + 128 for Q8_0, the stored nibble w + 8 for Q4_0), and the offset times the
+// activations, computed once per matmul when the activations are packed, is the starting
+// value of the accumulation (see ActPair). So the 32-bit lane sums are exact, and a zmm
+// covers two 32-element blocks, each half scaled by its own d_w * d_x.
+//
+// Determinism: as in the AVX2 kernels, every output y[t][r] is one 16-lane accumulator that
+// goes through the same intrinsic sequence over the whole row, then a fixed-order reduction.
+// Tiles only interleave independent accumulators, so a value does not depend on the tile it
+// lands in, the row range, n_tokens or the thread count.
+//
+// Helpers live in an anonymous namespace and no standard-library template is instantiated
+// here: an out-of-line copy compiled with AVX-512 must never be what the linker picks for the
+// other translation units.
+#if defined(__x86_64__) || defined(__i386__)
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "specmesh/kernels/ggml_types.hpp"
+#include "specmesh/kernels/matmul_impl.hpp"
+
+namespace specmesh::mm {
+
+namespace {
+
+using TileFn = void (*)(const Problem&, size_t r, size_t t);
+
+inline size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+
+// The sum of the 16 lanes, in a fixed order (halves, quarters, then pairs).
+inline float hsum16(__m512 v) {
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// f16 -> f32 for per-block scales through a table (a load instead of a conversion on the
+// vector ports the dot products keep busy).
+const float* f16_table() {
+  static const float* table = [] {
+    auto* t = new float[65536];  // lives for the process
+    for (uint32_t h = 0; h < 65536; ++h) t[h] = _cvtsh_ss(uint16_t(h));
+    return t;
+  }();
+  return table;
+}
+
+// See matmul_avx2.cpp: prefetching the next tile's weights hides DRAM latency in a gemv.
+template <size_t Bytes>
+inline void prefetch_span(const uint8_t* p) {
+  for (size_t k = 0; k < (Bytes + 63) / 64; ++k) _mm_prefetch(reinterpret_cast<const char*>(p + 64 * k), _MM_HINT_T0);
+}
+
+template <int R, int T>
+inline void store(const Problem& p, size_t r, size_t t, __m512 (&acc)[R][T]) {
+  for (int j = 0; j < T; ++j)
+    for (int i = 0; i < R; ++i) p.y[(t + j) * p.ldy + r + i] = hsum16(acc[i][j]);
+}
+
+// Two blocks' 32 bytes side by side; the second is zero when there is none (an odd tail).
+inline __m512i load_pair(const int8_t* a, const int8_t* b) {
+  const __m512i lo = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
+  if (b == nullptr) return _mm512_inserti64x4(lo, _mm256_setzero_si256(), 1);
+  return _mm512_inserti64x4(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+}
+
+// Two scales, each over its block's eight lanes.
+inline __m512 scale_pair(float a, float b) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(a)), _mm256_set1_ps(b), 1);
+}
+
+// A token's activations for a pair of blocks, as the integer tiles load them (an odd tail's
+// missing block is zeros):
+//   q:    the 64 signed bytes;
+//   d:    each block's scale over its 8 lanes;
+//   corr: the weight type's offset times q, summed by fours (-128 q for Q8_0, whose weights
+//         are read as w + 128; -8 q for Q4_0, whose nibbles are stored as w + 8).
+// So dpbusd(corr, w + offset, q) is the exact sum of w * q in each lane.
+struct alignas(64) ActPair {
+  int8_t q[64];
+  float d[16];
+  int32_t corr[16];
+};
+
+// --- integer tiles: Q8_0 / Q4_0 weights x packed activations -----------------------------
+// A weight type supplies, per row and pair of blocks, the unsigned bytes w + offset and the
+// two scales.
+
+struct WeightsQ8_0 {
+  static constexpr size_t kBlockBytes = sizeof(block_q8_0);
+  static constexpr int kOffset = 128;
+  static void load(const uint8_t* row, size_t b, bool two, const float* f16, __m512i& wu, __m512& wd) {
+    const auto* w = reinterpret_cast<const block_q8_0*>(row);
+    wu = _mm512_xor_si512(load_pair(w[b].qs, two ? w[b + 1].qs : nullptr), _mm512_set1_epi8(char(0x80)));
+    wd = scale_pair(f16[w[b].d], two ? f16[w[b + 1].d] : 0.0f);
+  }
+};
+
+struct WeightsQ4_0 {
+  static constexpr size_t kBlockBytes = sizeof(block_q4_0);
+  static constexpr int kOffset = 8;
+  static void load(const uint8_t* row, size_t b, bool two, const float* f16, __m512i& wu, __m512& wd) {
+    const auto* w = reinterpret_cast<const block_q4_0*>(row);
+    // Per 128-bit lane: low nibbles (elements 0..15), high nibbles (16..31), then the next
+    // block's the same way.
+    const __m256i lo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].qs)));
+    const __m256i hi = two ? _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b + 1].qs)))
+                           : _mm256_setzero_si256();
+    const __m512i raw = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    wu = _mm512_and_si512(_mm512_srlv_epi64(raw, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0x0F));
+    wd = scale_pair(f16[w[b].d], two ? f16[w[b + 1].d] : 0.0f);
+  }
+};
+
+template <class W, int R, int T>
+void tile_int(const Problem& p, size_t r, size_t t) {
+  const size_t nb = p.cols / QK8_0, np = (nb + 1) / 2;
+  const float* f16 = f16_table();
+  const uint8_t* w[R];
+  const ActPair* x[T];
+  for (int i = 0; i < R; ++i) w[i] = p.w + (r + i) * p.w_stride;
+  for (int j = 0; j < T; ++j) x[j] = reinterpret_cast<const ActPair*>(p.xp) + (t + j) * np;
+  const uint8_t* next = p.w + (r + R) * p.w_stride;
+  __m512 acc[R][T];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm512_setzero_ps();
+  for (size_t b = 0, k = 0; b < nb; b += 2, ++k) {
+    const bool two = b + 1 < nb;
+    prefetch_span<R * 2 * W::kBlockBytes>(next + b * R * W::kBlockBytes);
+    __m512i wu[R];
+    __m512 wd[R];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) W::load(w[i], b, two, f16, wu[i], wd[i]);
+#pragma GCC unroll 8
+    for (int j = 0; j < T; ++j) {
+      const ActPair& xa = x[j][k];
+      const __m512i xq = _mm512_load_si512(xa.q);
+      const __m512 xd = _mm512_load_ps(xa.d);
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) {
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(xa.corr), wu[i], xq);
+        acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(wd[i], xd), _mm512_cvtepi32_ps(s), acc[i][j]);
+      }
+    }
+  }
+  store<R, T>(p, r, t, acc);
+}
+
+template <int R, int T> void tile_q8_0(const Problem& p, size_t r, size_t t) { tile_int<WeightsQ8_0, R, T>(p, r, t); }
+template <int R, int T> void tile_q4_0(const Problem& p, size_t r, size_t t) { tile_int<WeightsQ4_0, R, T>(p, r, t); }
+
+// --- float-like weights (F32, F16, BF16) x F32 activations -------------------------------
+// The same loop as matmul_avx2.cpp's tile_float at twice the width. It is not one shared
+// template: instantiations are merged by name at link time, so a copy built with AVX-512
+// flags could end up serving the AVX2 path on a CPU without AVX-512.
+
+struct LoadF32 {
+  using elem = float;
+  static __m512 load(const float* p) { return _mm512_loadu_ps(p); }
+  static __m512 load_tail(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+};
+struct LoadF16 {
+  using elem = uint16_t;
+  static __m512 load(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static __m512 load_tail(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+};
+struct LoadBF16 {
+  static __m512 widen(__m256i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)); }
+  using elem = uint16_t;
+  static __m512 load(const uint16_t* p) { return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static __m512 load_tail(const uint16_t* p, __mmask16 m) { return widen(_mm256_maskz_loadu_epi16(m, p)); }
+};
+
+template <class L, int R, int T>
+void tile_float(const Problem& p, size_t r, size_t t) {
+  using E = typename L::elem;
+  const E* w[R];
+  const float* x[T];
+  for (int i = 0; i < R; ++i) w[i] = reinterpret_cast<const E*>(p.w + (r + i) * p.w_stride);
+  for (int j = 0; j < T; ++j) x[j] = p.x + (t + j) * p.cols;
+  __m512 acc[R][T];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm512_setzero_ps();
+  const uint8_t* next = p.w + (r + R) * p.w_stride;
+  const size_t n16 = p.cols & ~size_t(15);
+  for (size_t c = 0; c < n16; c += 16) {
+    prefetch_span<R * 16 * sizeof(E)>(next + c * R * sizeof(E));
+    __m512 wv[R];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) wv[i] = L::load(w[i] + c);
+#pragma GCC unroll 6
+    for (int j = 0; j < T; ++j) {
+      const __m512 xv = _mm512_loadu_ps(x[j] + c);
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+    }
+  }
+  if (n16 < p.cols) {
+    // Ragged end: masked loads give zeros past the row (0*0 adds +0).
+    const __mmask16 m = __mmask16((1u << (p.cols - n16)) - 1);
+    __m512 wv[R];
+    for (int i = 0; i < R; ++i) wv[i] = L::load_tail(w[i] + n16, m);
+    for (int j = 0; j < T; ++j) {
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x[j] + n16);
+      for (int i = 0; i < R; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+    }
+  }
+  store<R, T>(p, r, t, acc);
+}
+
+template <int R, int T> void tile_f32(const Problem& p, size_t r, size_t t) { tile_float<LoadF32, R, T>(p, r, t); }
+template <int R, int T> void tile_f16(const Problem& p, size_t r, size_t t) { tile_float<LoadF16, R, T>(p, r, t); }
+template <int R, int T> void tile_bf16(const Problem& p, size_t r, size_t t) { tile_float<LoadBF16, R, T>(p, r, t); }
+
+constexpr int kMaxR = 4, kMaxT = 6;
+using TileTable = TileFn[kMaxR][kMaxT];
+
+#define SPECMESH_TILE_ROW(f, R) {f<R, 1>, f<R, 2>, f<R, 3>, f<R, 4>, f<R, 5>, f<R, 6>}
+#define SPECMESH_TILE_TABLE(f) \
+  {SPECMESH_TILE_ROW(f, 1), SPECMESH_TILE_ROW(f, 2), SPECMESH_TILE_ROW(f, 3), SPECMESH_TILE_ROW(f, 4)}
+
+constexpr TileTable kF32 = SPECMESH_TILE_TABLE(tile_f32);
+constexpr TileTable kF16 = SPECMESH_TILE_TABLE(tile_f16);
+constexpr TileTable kBF16 = SPECMESH_TILE_TABLE(tile_bf16);
+constexpr TileTable kQ8_0 = SPECMESH_TILE_TABLE(tile_q8_0);
+constexpr TileTable kQ4_0 = SPECMESH_TILE_TABLE(tile_q4_0);
+
+#undef SPECMESH_TILE_TABLE
+#undef SPECMESH_TILE_ROW
+
+struct Shape {
+  const TileTable* table;
+  size_t rows, tokens;  // the largest tile
+};
+
+// Batches: 4 rows x 4 tokens for the integer dots (16 accumulators plus each row's weights
+// and scales; the activations are memory operands), 4 x 6 for the float types (24
+// accumulators, 4 weight vectors); measured best of 2..4 x 4..8 on a 5632 x 2048 matrix.
+// A single token streams 4 rows at a time.
+Shape shape_for(DType t, size_t n_tokens) {
+  const bool single = n_tokens == 1;
+  switch (t) {
+    case DType::F32: return {&kF32, 4, single ? 1u : 6u};
+    case DType::F16: return {&kF16, 4, single ? 1u : 6u};
+    case DType::BF16: return {&kBF16, 4, single ? 1u : 6u};
+    case DType::Q8_0: return {&kQ8_0, 4, single ? 1u : 4u};
+    case DType::Q4_0: return {&kQ4_0, 4, single ? 1u : 4u};
+    default: return {nullptr, 0, 0};
+  }
+}
+
+}  // namespace
+
+void gemm_rows_avx512(const Problem& p, size_t r0, size_t r1) {
+  const Shape sh = shape_for(p.type, p.n_tokens);
+  if (sh.table == nullptr) return gemm_rows_avx2(p, r0, r1);  // K-quants
+  const size_t rm = sh.rows, tm = sh.tokens;
+  // A row block stays in L1/L2 while every token of a token block passes over it; the token
+  // block bounds the activations that must stay cached meanwhile (see matmul_avx2.cpp).
+  const size_t row_block = 8 * rm;
+  const size_t act_bytes = p.xq != nullptr ? p.cols / QK8_0 * sizeof(ActQ8) : p.cols * sizeof(float);
+  size_t tok_block = (size_t(256) << 10) / (act_bytes > 0 ? act_bytes : 1) / tm * tm;
+  if (tok_block < tm) tok_block = tm;
+  const TileTable& tab = *sh.table;
+  for (size_t t0 = 0; t0 < p.n_tokens; t0 += tok_block) {
+    const size_t t1 = min_size(p.n_tokens, t0 + tok_block);
+    for (size_t rb = r0; rb < r1; rb += row_block) {
+      const size_t re = min_size(r1, rb + row_block);
+      for (size_t t = t0; t < t1; t += tm) {
+        const size_t nt = min_size(tm, t1 - t);
+        for (size_t r = rb; r < re; r += rm) tab[min_size(rm, re - r) - 1][nt - 1](p, r, t);
+      }
+    }
+  }
+}
+
+size_t packed_act_bytes(size_t cols) { return (cols / QK8_0 + 1) / 2 * sizeof(ActPair); }
+
+void pack_act_avx512(DType type, const ActQ8* x, size_t cols, uint8_t* out) {
+  const size_t nb = cols / QK8_0;
+  const __m512i offset = _mm512_set1_epi8(char(type == DType::Q8_0 ? WeightsQ8_0::kOffset : WeightsQ4_0::kOffset));
+  auto* dst = reinterpret_cast<ActPair*>(out);
+  for (size_t b = 0; b < nb; b += 2, ++dst) {
+    const bool two = b + 1 < nb;
+    const __m512i q = load_pair(x[b].qs, two ? x[b + 1].qs : nullptr);
+    _mm512_store_si512(dst->q, q);
+    _mm512_store_ps(dst->d, scale_pair(x[b].d, two ? x[b + 1].d : 0.0f));
+    // offset * q by fours (|sum| <= 4 * 128 * 127), negated.
+    const __m512i prod = _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, q);
+    _mm512_store_si512(dst->corr, _mm512_sub_epi32(_mm512_setzero_si512(), prod));
+  }
+}
+
+}  // namespace specmesh::mm
+
+#endif
