@@ -57,7 +57,7 @@ void bench_model(const std::string& name, const ModelSpec& model, const std::vec
   std::map<int, double> tps;
   for (int n : clients) {
     Topology t = Topology::single_process(model, {}, threads);
-    t.run.strategy = "ar";
+    // No strategy named: a target alone decodes with the registry's default, plain `ar`.
     t.run.temperature = 0;
     t.run.n_ctx = n * 256;
     RuntimeOptions o;

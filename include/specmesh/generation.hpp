@@ -29,7 +29,7 @@ struct GenerationRequest {
   // Special-token text in the prompt ("<|im_start|>") becomes those tokens, as a rendered
   // chat template needs (llama.cpp's parse_special); otherwise it is plain text.
   bool parse_special = false;
-  // The decoding strategy for this request ("ar", "spec", ...); empty: the configuration's.
+  // The decoding strategy for this request (a registered name); empty: the configuration's.
   // Its roles must be pipelines of the topology. Strategies that pair two devices (alspec)
   // shape the topology itself: only the configured one may run there, and none elsewhere.
   std::string strategy;

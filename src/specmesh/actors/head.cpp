@@ -409,8 +409,8 @@ caf::actor spawn_head(caf::actor_system& sys, HeadConfig cfg) {
     const PipelineRef& target = st.cfg.target();
     // One merged run per target stage keeps every stage of the pipeline busy.
     if (st.cfg.strategy->pair_role.empty())
-      st.merger = std::make_unique<RunMerger>(target.role, target.first_node, st.cfg.router, st.run_ids,
-                                              size_t(st.cfg.n_batch), std::max<size_t>(1, target.price.stages.size()));
+      st.merger = std::make_unique<RunMerger>(target, st.cfg.router, st.run_ids, size_t(st.cfg.n_batch),
+                                              std::max<size_t>(1, target.price.stages.size()));
     return {
         [self](generate_atom, const SessionPtr& s) {
           self->state.queue.push_back(s);

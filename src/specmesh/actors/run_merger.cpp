@@ -9,10 +9,9 @@
 
 namespace specmesh {
 
-RunMerger::RunMerger(std::string role, std::string first_node, std::shared_ptr<Router> router, RunIds& ids,
-                     size_t max_rows, size_t max_in_flight)
-    : role_(std::move(role)),
-      first_node_(std::move(first_node)),
+RunMerger::RunMerger(const PipelineRef& pipeline, std::shared_ptr<Router> router, RunIds& ids, size_t max_rows,
+                     size_t max_in_flight)
+    : pipeline_(pipeline),
       router_(std::move(router)),
       ids_(ids),
       max_rows_(std::max<size_t>(1, max_rows)),
@@ -63,7 +62,12 @@ bool RunMerger::drop(Owner owner, uint64_t part) {
     if (p == it->second.end()) continue;
     p->dropped = true;
     if (std::all_of(it->second.begin(), it->second.end(), [](const Part& x) { return x.dropped; })) {
-      router_->send(first_node_, make_envelope(0, Cancel{{it->first}}));
+      std::vector<std::string> sent;
+      for (const std::string& n : pipeline_.nodes)
+        if (std::find(sent.begin(), sent.end(), n) == sent.end()) {
+          sent.push_back(n);
+          router_->send(n, make_envelope(0, Cancel{{it->first}}));
+        }
       sent_.erase(it);
     }
     return true;
@@ -107,8 +111,8 @@ void RunMerger::send(std::vector<Part> parts) {
   ++runs_sent_;
   parts_sent_ += parts.size();
   // A node that cannot be reached shows up as its peer going down and the parts' deadlines.
-  if (!router_->send(first_node_, make_envelope(run, to_run_start(role_, merged, false))))
-    spdlog::debug("head: merged run {} not sent: node '{}' is not reachable", run, first_node_);
+  if (!router_->send(pipeline_.first_node, make_envelope(run, to_run_start(pipeline_.role, merged, false))))
+    spdlog::debug("head: merged run {} not sent: node '{}' is not reachable", run, pipeline_.first_node);
   sent_[run] = std::move(parts);
 }
 

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "specmesh/actors/head.hpp"
 #include "specmesh/actors/run_ids.hpp"
 #include "specmesh/messages/protocol.hpp"
 #include "specmesh/model/batch.hpp"
@@ -26,8 +27,8 @@ namespace specmesh {
 class RunMerger {
  public:
   using Owner = const void*;  // the session a part belongs to
-  // Runs go to `first_node` as pipeline `role`.
-  RunMerger(std::string role, std::string first_node, std::shared_ptr<Router> router, RunIds& ids, size_t max_rows,
+  // Runs go into `pipeline`, read at each send: a failover moves its stages (and first node).
+  RunMerger(const PipelineRef& pipeline, std::shared_ptr<Router> router, RunIds& ids, size_t max_rows,
             size_t max_in_flight);
 
   // A session's step; leaves with the next merged run.
@@ -69,7 +70,7 @@ class RunMerger {
   };
   void send(std::vector<Part> parts);
 
-  std::string role_, first_node_;
+  const PipelineRef& pipeline_;
   std::shared_ptr<Router> router_;
   RunIds& ids_;
   size_t max_rows_, max_in_flight_;
