@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config
       libcaf-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libspdlog-dev
-      libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libicu-dev
+      libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libicu-dev libcpp-httplib-dev
       libgtest-dev libbenchmark-dev ccache)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
