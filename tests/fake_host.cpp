@@ -161,6 +161,9 @@ void FakeHost::apply(Stage& st, const std::string& role, const KvOp& op) {
         if (op.seq != op.dst_seq && (c.seqs & seq_bit(op.seq)) && in_range(c.pos)) c.seqs |= seq_bit(op.dst_seq);
         break;
       case KvOpKind::keep: c.seqs &= seq_bit(op.seq); break;
+      case KvOpKind::shift:
+        if (in_range(c.pos) && (op.seq < 0 || (c.seqs & seq_bit(op.seq)))) c.pos += op.delta;
+        break;
     }
   }
   std::erase_if(st.cells, [](const Cell& c) { return c.seqs == 0; });

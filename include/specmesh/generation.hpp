@@ -5,6 +5,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace specmesh {
@@ -20,12 +21,59 @@ struct SamplingParams {
 
 struct GenerationRequest {
   std::string prompt;
-  int n_predict = 0;                      // 0: the configuration's default
+  // Tokens to generate. 0: the configuration's default; -1: until the end-of-sequence token or
+  // the session's context is full (with context_shift: until the end-of-sequence token).
+  int n_predict = 0;
   std::optional<SamplingParams> sampling; // default: the configuration's
   bool ignore_eos = false;
   // Special-token text in the prompt ("<|im_start|>") becomes those tokens, as a rendered
   // chat template needs (llama.cpp's parse_special); otherwise it is plain text.
   bool parse_special = false;
+  // The decoding strategy for this request ("ar", "spec", ...); empty: the configuration's.
+  // Its roles must be pipelines of the topology. Strategies that pair two devices (alspec)
+  // shape the topology itself: only the configured one may run there, and none elsewhere.
+  std::string strategy;
+  // Its parameters as text, KEY and VALUE as `--param KEY=VALUE` takes them, checked against the
+  // strategy's schema the same way; the configuration's values apply when `strategy` is empty
+  // or names the configured strategy, the schema's defaults otherwise, then these.
+  std::vector<std::pair<std::string, std::string>> params;
+  // When the session's context is full: false ends the generation with ErrorKind::context_full;
+  // true shifts the context as llama.cpp does (the first n_keep tokens stay, the oldest half of
+  // the rest goes, later positions move down) and generation goes on.
+  bool context_shift = false;
+  // Tokens at the start of the prompt a context shift keeps (a leading BOS always stays);
+  // -1: the whole prompt.
+  int n_keep = 0;
+};
+
+// Why a generation failed, for callers that map failures to their own codes (HTTP statuses).
+enum class ErrorKind {
+  none,             // no error
+  invalid_request,  // a field of the request is wrong (strategy, parameter, sampling)
+  context_full,     // the prompt does not fit the session's context, or the context filled up
+                    // without context_shift (the tokens so far are kept)
+  busy,             // the admission queue is full (RuntimeOptions::max_queued): try again later
+  unavailable,      // a node of a pipeline is down or stopped answering
+  internal,         // anything else: a stage's error, a broken invariant
+};
+inline const char* to_string(ErrorKind k) {
+  switch (k) {
+    case ErrorKind::none: return "none";
+    case ErrorKind::invalid_request: return "invalid_request";
+    case ErrorKind::context_full: return "context_full";
+    case ErrorKind::busy: return "busy";
+    case ErrorKind::unavailable: return "unavailable";
+    case ErrorKind::internal: return "internal";
+  }
+  return "internal";
+}
+
+// How a generation ended.
+enum class FinishReason {
+  length,     // n_predict tokens generated
+  stop,       // the end-of-sequence token (or the stream callback returned false)
+  cancelled,  // Generation::cancel
+  error,      // see GenerationResult::error_kind
 };
 
 struct GenerationStats {
@@ -87,6 +135,9 @@ struct GenerationResult {
   GenerationStats stats;
   Metrics metrics;
   std::string error;         // empty on success
+  ErrorKind error_kind = ErrorKind::none;  // set with every error
+  FinishReason finish_reason = FinishReason::length;
+  int context_shifts = 0;    // times the context was shifted (GenerationRequest::context_shift)
   bool ok() const { return error.empty(); }
 };
 

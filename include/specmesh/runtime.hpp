@@ -31,6 +31,33 @@ struct RuntimeOptions {
   // Let tcp:// nodes bind addresses other than loopback, as [security] allow_remote does
   // (needs keys); passed on to started nodes.
   bool allow_remote = false;
+  // Sessions the head runs at once. The target's KV cells are split evenly between them, as
+  // llama.cpp's server splits n_ctx between its slots: each session's context is
+  // context_size() / max_sessions cells (session_context()). Decode steps of `ar` sessions that
+  // are ready together share one target run; other strategies interleave their runs.
+  int max_sessions = 1;
+  // Requests waiting for a session beyond those running; a request past this bound fails at
+  // once with ErrorKind::busy. 0: none wait.
+  int max_queued = 64;
+};
+
+// A runtime's state for health checks. Runtime's constructor returns once every node
+// answered, so a server reports `loading` itself until it has the Runtime.
+enum class Health {
+  loading,   // starting: nodes connecting, models loading
+  ready,     // every node of every pipeline answers
+  degraded,  // a node of a pipeline does not answer (requests fail with ErrorKind::unavailable
+             // unless a standby took its stages over)
+};
+inline const char* to_string(Health h) {
+  return h == Health::loading ? "loading" : h == Health::ready ? "ready" : "degraded";
+}
+
+struct RuntimeStatus {
+  Health health = Health::ready;
+  std::vector<std::string> nodes_down;  // nodes of the topology that do not answer now
+  int sessions_running = 0;             // generations the head works on
+  int sessions_queued = 0;              // admitted generations waiting for a session
 };
 
 class Tokenizer;  // specmesh/tokenizer/tokenizer.hpp, for in-tree tools
@@ -43,7 +70,9 @@ class Generation {
   ~Generation();
   // Blocks until the generation ends; call once.
   GenerationResult wait();
-  // Stops after the token being computed; the result keeps what was accepted.
+  // Stops after the token being computed and drops the session's runs still in the pipeline;
+  // the result keeps what was accepted (FinishReason::cancelled). A queued generation ends
+  // without starting.
   void cancel();
 
  private:
@@ -59,7 +88,11 @@ class Runtime {
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
-  // Starts a generation; on_token runs on a runtime thread for every accepted token.
+  // Starts a generation; on_token runs on a runtime thread for every accepted token. Never
+  // throws for a bad request: the result carries the error and its ErrorKind (invalid_request
+  // for an unknown strategy, a strategy whose roles the topology lacks, or a parameter outside
+  // its schema; busy past RuntimeOptions::max_queued; context_full for a prompt longer than
+  // session_context()).
   std::unique_ptr<Generation> submit(GenerationRequest request, StreamCallback on_token = {});
   // Blocking form of submit().
   GenerationResult generate(GenerationRequest request, StreamCallback on_token = {});
@@ -73,8 +106,15 @@ class Runtime {
   std::vector<StageCounters> stage_counters() const;
 
   const Topology& topology() const;
-  // KV cells of the target's context: prompt and reply together must fit in this many.
+  // KV cells of the target's context, shared by the sessions.
   int context_size() const;
+  // KV cells one session may hold: context_size() / max_sessions. Prompt and reply together
+  // must fit in this many (or the context shifts, GenerationRequest::context_shift).
+  int session_context() const;
+  // Whether every node answers, and how many sessions run and wait.
+  RuntimeStatus status() const;
+  Health health() const { return status().health; }
+  const RuntimeOptions& options() const;
   const Tokenizer& tokenizer() const;
 
  private:

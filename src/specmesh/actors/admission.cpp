@@ -80,8 +80,9 @@ std::string run_problem(const RunStart& r, int n_cells) {
 std::string kv_ops_problem(const std::vector<KvOp>& ops) {
   auto bad = [](int32_t s) { return s < 0 || s >= kMaxSeqs; };
   for (const KvOp& op : ops) {
-    // A remove may name -1: every sequence. Copy and keep need real ones.
-    const bool seq_bad = op.kind == KvOpKind::remove ? op.seq >= kMaxSeqs : bad(op.seq);
+    // A remove or shift may name -1: every sequence. Copy and keep need real ones.
+    const bool seq_bad =
+        op.kind == KvOpKind::remove || op.kind == KvOpKind::shift ? op.seq < -1 || op.seq >= kMaxSeqs : bad(op.seq);
     const bool dst_bad = op.kind == KvOpKind::copy && bad(op.dst_seq);
     if (seq_bad || dst_bad)
       return "sequence id " + std::to_string(seq_bad ? op.seq : op.dst_seq) + " out of range (the KV cache has " +

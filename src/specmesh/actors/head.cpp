@@ -1,5 +1,6 @@
 #include "specmesh/actors/head.hpp"
 
+#include <algorithm>
 #include <deque>
 #include <set>
 #include <stdexcept>
@@ -11,19 +12,28 @@
 #include <spdlog/spdlog.h>
 
 #include "specmesh/actors/failover.hpp"
-#include "specmesh/log/rate_limited.hpp"
 #include "specmesh/actors/head_host.hpp"
+#include "specmesh/actors/run_merger.hpp"
+#include "specmesh/log/rate_limited.hpp"
 
 namespace specmesh {
 
 namespace {
 
+// A session the head works on.
+struct Running {
+  SessionPtr session;
+  std::unique_ptr<HeadHost> host;
+  std::unique_ptr<Strategy> strategy;  // none while a failover pauses the session
+};
+
 struct HeadState {
   HeadConfig cfg;
   std::deque<SessionPtr> queue;
-  std::unique_ptr<HeadHost> host;
-  std::unique_ptr<Strategy> strategy;
+  std::vector<std::unique_ptr<Running>> running;
+  SeqSet seqs_used = 0;  // sequences of the running sessions
   RunIds run_ids;
+  std::unique_ptr<RunMerger> merger;
   bool ticking = false;  // a deadline check is scheduled
   uint64_t refused = 0;  // messages from nodes that may not send them
   RateLimitedLog refusals;  // a peer decides how often these lines would be written
@@ -53,53 +63,124 @@ std::string node_down(const HeadConfig& cfg) {
   return {};
 }
 
-// Starts the session's strategy from clean caches (the removal travels ahead of the first
-// run; a pair's partner gets it from the target's group, in order with the runs). The strategy
-// starts from the prompt plus whatever was accepted before, which after a failover is more
-// than the prompt.
-void start_strategy(HeadState& st) {
-  st.strategy = st.cfg.strategy->make(*st.host);
-  for (const auto& [role, p] : st.cfg.pipelines)
-    if (role != st.cfg.strategy->pair_role) st.host->kv_ops(role, {{KvOpKind::remove, -1, -1, -1, -1}});
-  st.strategy->start();
+// The lowest free range of `count` sequences, if one is free.
+std::optional<SessionSeqs> free_seqs(SeqSet used, int count) {
+  for (int base = 0; base + count <= kMaxSeqs; ++base) {
+    const SessionSeqs s{base, count};
+    if (!(used & s.mask())) return s;
+  }
+  return std::nullopt;
 }
 
-// Starts queued sessions one at a time, and clears away the one that ended.
+// Starts a session's strategy from clean caches (the removal travels ahead of the first run; a
+// pair's partner gets it from the target's group, in order with the runs). The strategy
+// starts from the prompt plus whatever was accepted before, which after a failover is more
+// than the prompt.
+void start_strategy(Running& r) {
+  r.strategy = r.host->strategy_info().make(*r.host);
+  r.host->set_strategy(r.strategy.get());
+  r.host->clear_caches();
+  r.strategy->start();
+}
+
+// Drops a session's strategy and whatever it has in flight.
+void stop_strategy(HeadState& st, Running& r, bool cancel_runs) {
+  if (r.strategy) r.strategy->abandon();
+  if (cancel_runs) r.host->cancel_outstanding();
+  r.host->set_strategy(nullptr);
+  r.strategy.reset();
+}
+
+void finish_unstarted(const SessionPtr& s, std::string error, ErrorKind kind) {
+  GenerationResult r;
+  r.error = std::move(error);
+  r.error_kind = r.error.empty() ? ErrorKind::none : kind;
+  r.finish_reason = r.error.empty() ? FinishReason::cancelled : FinishReason::error;
+  if (s->on_finished) s->on_finished();
+  s->done.set_value(std::move(r));
+}
+
+void publish(HeadState& st) {
+  st.cfg.counters->running = int(st.running.size());
+  st.cfg.counters->queued = int(st.queue.size());
+}
+
+// Clears away the sessions that ended and starts queued ones while there is room: a free
+// session and a free range of the sequences its strategy needs (first come, first served).
 void settle(HeadState& st) {
-  for (;;) {
-    if (st.host && st.host->done()) {
-      if (st.strategy) st.strategy->abandon();  // none when the session failed before it had one
-      st.strategy.reset();
-      st.host.reset();
+  for (auto it = st.running.begin(); it != st.running.end();) {
+    Running& r = **it;
+    if (!r.host->done()) {
+      ++it;
+      continue;
     }
-    if (st.host || st.queue.empty() || st.failover) return;
-    SessionPtr s = std::move(st.queue.front());
-    st.queue.pop_front();
+    stop_strategy(st, r, true);
     try {
-      st.host = std::make_unique<HeadHost>(st.cfg, s, st.run_ids);
-      // Its runs would wait in queues for a node that is gone or frozen: refuse now.
-      if (const std::string down = node_down(st.cfg); !down.empty())
-        throw std::runtime_error(stopped_answering(down) + "; request not started");
-      start_strategy(st);
+      if (!st.failover) r.host->clear_caches();  // its cells are free for the next session
     } catch (const std::exception& e) {
-      if (st.host) {
-        st.host->finish(e.what());
-      } else {
-        GenerationResult r;
-        r.error = e.what();
-        s->done.set_value(std::move(r));
+      spdlog::debug("head: caches of an ended session not cleared: {}", e.what());
+    }
+    st.seqs_used &= ~r.host->seqs().mask();
+    it = st.running.erase(it);
+  }
+  while (!st.failover && !st.queue.empty() && int(st.running.size()) < st.cfg.max_sessions) {
+    SessionPtr s = st.queue.front();
+    const StrategyInfo& info = s->strategy ? *s->strategy : *st.cfg.strategy;
+    const StrategyParams& params = s->strategy ? s->params : st.cfg.params;
+    std::set<std::string> roles;
+    for (const auto& [role, p] : st.cfg.pipelines) roles.insert(role);
+    const auto seqs = free_seqs(st.seqs_used, info.sequences_for(params, roles));
+    if (!seqs) break;  // waits for a session to end
+    st.queue.pop_front();
+    auto r = std::make_unique<Running>();
+    r->session = s;
+    try {
+      const bool merge = info.mergeable_runs && st.merger;
+      r->host = std::make_unique<HeadHost>(st.cfg, s, st.run_ids, info, params, *seqs, merge ? st.merger.get() : nullptr);
+    } catch (const std::exception& e) {
+      finish_unstarted(s, e.what(), ErrorKind::invalid_request);
+      continue;
+    }
+    HeadHost& h = *r->host;
+    st.seqs_used |= seqs->mask();
+    st.running.push_back(std::move(r));
+    Running& run = *st.running.back();
+    if (int(h.prompt().size()) > st.cfg.session_ctx) {
+      h.finish("the prompt has " + std::to_string(h.prompt().size()) + " tokens, more than the session's context of " +
+                   std::to_string(st.cfg.session_ctx) + " tokens",
+               ErrorKind::context_full);
+      continue;
+    }
+    try {
+      // Its runs would wait in queues for a node that is gone or frozen: refuse now.
+      if (const std::string down = node_down(st.cfg); !down.empty()) {
+        h.finish(stopped_answering(down) + "; request not started", ErrorKind::unavailable);
+        continue;
       }
+      start_strategy(run);
+    } catch (const ContextFull& e) {
+      h.finish(e.what(), ErrorKind::context_full);
+    } catch (const std::exception& e) {
+      h.finish(e.what(), ErrorKind::internal);
     }
   }
+  // Sessions that ended while starting are cleared on the next pass.
+  if (std::any_of(st.running.begin(), st.running.end(), [](const auto& r) { return r->host->done(); })) return settle(st);
+  if (st.merger) st.merger->flush();
+  publish(st);
 }
 
 std::string replan_key(const std::string& node, const Replan& r) {
   return node + "|" + r.pipeline + "|" + std::to_string(r.layer_begin);
 }
 
-// A pipeline node stopped answering: its stages move to a standby when one is alive (the
-// session pauses and goes on once every node has answered the replan), else the session ends
-// with the tokens accepted so far.
+void finish_all(HeadState& st, const std::string& what, ErrorKind kind) {
+  for (auto& r : st.running) r->host->finish(what, kind);
+}
+
+// A pipeline node stopped answering: its stages move to a standby when one is alive (every
+// session pauses and goes on once every node has answered the replan), else every session
+// ends with the tokens accepted so far.
 void on_peer_down(HeadState& st, const std::string& node) {
   if (st.failover && st.failover->plan.down == node) return;
   bool ours = false;
@@ -108,15 +189,16 @@ void on_peer_down(HeadState& st, const std::string& node) {
   std::optional<FailoverPlan> plan;
   if (!st.failover)
     plan = plan_failover(st.cfg, node, [&](const std::string& n) { return st.cfg.router->reachable(n); }, ++st.epochs);
-  if (!plan) {
-    if (st.host) st.host->finish(stopped_answering(node) + "; generation aborted");
-    return;
-  }
+  if (!plan) return finish_all(st, stopped_answering(node) + "; generation aborted", ErrorKind::unavailable);
   spdlog::warn("head: node '{}' stopped answering; its stages move to standby device '{}' on node '{}'", node,
                plan->standby.device, plan->standby.node);
-  if (st.strategy) st.strategy->abandon();
-  st.strategy.reset();
-  if (st.host) st.host->deadlines().clear();
+  // The runs in flight are lost with the stages; the sessions restart from their tokens.
+  for (auto& r : st.running) {
+    stop_strategy(st, *r, false);
+    r->host->deadlines().clear();
+    r->host->cancel_outstanding();
+  }
+  if (st.merger) st.merger->clear();
   HeadState::PendingFailover f;
   f.epoch = st.epochs;
   f.began = std::chrono::steady_clock::now();
@@ -130,7 +212,7 @@ void on_peer_down(HeadState& st, const std::string& node) {
   st.failover = std::move(f);
 }
 
-// A node applied a replan; once all have, the session goes on from its accepted tokens.
+// A node applied a replan; once all have, every session goes on from its accepted tokens.
 void on_replanned(HeadState& st, const std::string& from, const Replan& r) {
   if (!r.done || !st.failover || r.epoch != st.failover->epoch) return;
   st.failover->awaiting.erase(replan_key(from, r));
@@ -141,24 +223,46 @@ void on_replanned(HeadState& st, const std::string& from, const Replan& r) {
                st.failover->plan.standby.device, st.failover->plan.standby.node, ms);
   const std::string down = st.failover->plan.down;
   st.failover.reset();
-  if (!st.host || st.host->done()) return;
-  ++st.host->metrics().failovers;
-  try {
-    start_strategy(st);
-  } catch (const std::exception& e) {
-    st.host->finish("after moving the stages of node '" + down + "': " + e.what());
+  for (auto& run : st.running) {
+    if (run->host->done()) continue;
+    ++run->host->metrics().failovers;
+    try {
+      start_strategy(*run);
+    } catch (const std::exception& e) {
+      run->host->finish("after moving the stages of node '" + down + "': " + e.what(), ErrorKind::internal);
+    }
   }
 }
 
-// A stage's error about one of this session's runs (or about no run: a cache operation) ends
-// the session. An error about a run the session is not waiting for (a refused forged run, a
-// run of a session already over) is none of its business.
+Running* owner_of(HeadState& st, uint64_t run) {
+  for (auto& r : st.running)
+    if (r->host->launched(run)) return r.get();
+  return nullptr;
+}
+
+Running* running_of(HeadState& st, const void* host) {
+  for (auto& r : st.running)
+    if (r->host.get() == host) return r.get();
+  return nullptr;
+}
+
+ErrorKind kind_of(const Error& e) {
+  return e.code == ErrorCode::peer_down || e.code == ErrorCode::messages_lost ? ErrorKind::unavailable
+                                                                              : ErrorKind::internal;
+}
+
+// A stage's error about a run ends the sessions the run belongs to; an error about no run (a
+// cache operation, which carries none) ends every session, as any of them may have sent it.
+// An error about a run no session waits for (a refused forged run, a run of a session already
+// over) is none of their business.
 void on_error(HeadState& st, uint64_t run, const Error& e) {
-  if (run != 0 && !st.host->deadlines().awaits(run)) {
-    spdlog::debug("head: error from node '{}' about run {}, which is not ours: {}", e.peer, run, e.message);
-    return;
-  }
-  st.host->finish("node '" + e.peer + "': " + e.message);
+  const std::string what = "node '" + e.peer + "': " + e.message;
+  if (run == 0) return finish_all(st, what, kind_of(e));
+  if (st.merger)
+    for (const void* owner : st.merger->take(run))
+      if (Running* r = running_of(st, owner)) r->host->finish(what, kind_of(e));
+  if (Running* r = owner_of(st, run); r && r->host->deadlines().awaits(run)) return r->host->finish(what, kind_of(e));
+  spdlog::debug("head: error from node '{}' about run {}, which is not ours: {}", e.peer, run, e.message);
 }
 
 bool in_pipelines(const HeadConfig& cfg, const std::string& node) {
@@ -202,54 +306,94 @@ bool allowed(HeadState& st, const std::string& from, const Envelope& env) {
   return false;
 }
 
-// Ends the session when one of its runs is past its deadline; keeps checking while one runs.
+// Ends a session when one of its runs is past its deadline; keeps checking while one runs.
 void check_deadlines(HeadState& st) {
   if (st.failover && std::chrono::steady_clock::now() > st.failover->deadline) {
     const std::string what = stopped_answering(st.failover->plan.down) + "; moving its stages to node '" +
                              st.failover->plan.standby.node + "' did not finish within " +
                              std::to_string(st.cfg.failover_timeout.count()) + " ms";
     st.failover.reset();
-    if (st.host) st.host->finish(what);
+    finish_all(st, what, ErrorKind::unavailable);
   }
-  if (!st.host || st.host->done() || !st.strategy) return;
-  if (auto late = st.host->deadlines().overdue()) {
-    const PipelineRef& p = st.cfg.pipelines.at(late->role);
-    std::string nodes;
-    for (const std::string& n : p.nodes) nodes += (nodes.empty() ? "" : ", ") + n;
-    st.host->finish("run on pipeline '" + late->role + "' (nodes " + nodes + ") got no answer within " +
-                    std::to_string(int64_t(late->budget_ms)) + " ms; generation aborted");
+  for (auto& r : st.running) {
+    if (r->host->done() || !r->strategy) continue;
+    if (auto late = r->host->deadlines().overdue()) {
+      const PipelineRef& p = st.cfg.pipelines.at(late->role);
+      std::string nodes;
+      for (const std::string& n : p.nodes) nodes += (nodes.empty() ? "" : ", ") + n;
+      r->host->finish("run on pipeline '" + late->role + "' (nodes " + nodes + ") got no answer within " +
+                          std::to_string(int64_t(late->budget_ms)) + " ms; generation aborted",
+                      ErrorKind::unavailable);
+    }
   }
 }
 
-}  // namespace
-
-namespace {
+// Hands a message about one of a session's runs to its strategy; a strategy's exception ends
+// that session alone.
+template <class F>
+void deliver(Running& r, F&& f) {
+  if (r.host->done() || !r.strategy) return;
+  try {
+    f(*r.strategy);
+  } catch (const ContextFull& ex) {
+    r.host->finish(ex.what(), ErrorKind::context_full);
+  } catch (const std::exception& ex) {
+    r.host->finish(ex.what(), ErrorKind::internal);
+  }
+}
 
 // A message from a node that may send it.
 void handle(HeadState& st, const std::string& from, const Envelope& env) {
   if (const auto* e = std::get_if<Error>(&env.payload); e && e->code == ErrorCode::peer_down)
     return on_peer_down(st, e->peer);
   if (const auto* r = std::get_if<Replan>(&env.payload)) return on_replanned(st, from, *r);
-  if (!st.host || !st.strategy) return;  // between sessions, or paused by a failover
-  try {
-    if (const auto* l = std::get_if<Logits>(&env.payload)) {
-      st.host->deadlines().settled(env.run_id);
-      st.strategy->on_logits(env.run_id, *l);
-    } else if (const auto* h = std::get_if<HiddenStates>(&env.payload)) {
-      st.strategy->on_hidden_states(env.run_id, *h);
-    } else if (const auto* a = std::get_if<AttentionSync>(&env.payload)) {
-      st.strategy->on_attention_report(env.run_id, *a);
-    } else if (const auto* e = std::get_if<Error>(&env.payload)) {
-      on_error(st, env.run_id, *e);
+  if (st.failover) return;  // paused
+  if (const auto* e = std::get_if<Error>(&env.payload)) return on_error(st, env.run_id, *e);
+  const uint64_t run = env.run_id;
+  if (const auto* l = std::get_if<Logits>(&env.payload)) {
+    if (st.merger) {
+      if (auto parts = st.merger->split(run, *l)) {
+        ++st.cfg.counters->merged_runs;
+        st.cfg.counters->merged_steps += parts->size();
+        for (RunMerger::Delivery& d : *parts)
+          if (Running* r = running_of(st, d.owner)) {
+            r->host->deadlines().settled(d.part);
+            deliver(*r, [&](Strategy& s) { s.on_logits(d.part, d.logits); });
+          }
+        return;
+      }
     }
-  } catch (const std::exception& ex) {
-    st.host->finish(ex.what());
+    if (Running* r = owner_of(st, run)) {
+      r->host->deadlines().settled(run);
+      r->host->answered(run);
+      deliver(*r, [&](Strategy& s) { s.on_logits(run, *l); });
+    }
+    return;
   }
+  Running* r = owner_of(st, run);
+  if (!r) return;
+  if (const auto* h = std::get_if<HiddenStates>(&env.payload))
+    deliver(*r, [&](Strategy& s) { s.on_hidden_states(run, *h); });
+  else if (const auto* a = std::get_if<AttentionSync>(&env.payload))
+    deliver(*r, [&](Strategy& s) { s.on_attention_report(run, *a); });
+}
+
+// A client's cancel: a queued session ends without starting, a running one after the token
+// being computed, its runs cancelled in the pipelines.
+void on_cancel(HeadState& st, const SessionPtr& s) {
+  s->cancel = true;
+  auto q = std::find(st.queue.begin(), st.queue.end(), s);
+  if (q != st.queue.end()) {
+    st.queue.erase(q);
+    return finish_unstarted(s, {}, ErrorKind::none);
+  }
+  for (auto& r : st.running)
+    if (r->session == s) r->host->finish();
 }
 
 // Schedules the next deadline check while a session runs.
 void arm(caf::stateful_actor<HeadState>* self) {
-  if (self->state.ticking || (!self->state.host && !self->state.failover)) return;
+  if (self->state.ticking || (self->state.running.empty() && !self->state.failover)) return;
   self->state.ticking = true;
   self->delayed_send(self, kDeadlineCheck, deadline_atom::value);
 }
@@ -257,13 +401,25 @@ void arm(caf::stateful_actor<HeadState>* self) {
 }  // namespace
 
 caf::actor spawn_head(caf::actor_system& sys, HeadConfig cfg) {
+  if (cfg.max_sessions < 1) throw std::invalid_argument("max_sessions must be at least 1");
+  if (cfg.session_ctx <= 0) cfg.session_ctx = cfg.target().price.n_ctx / cfg.max_sessions;
   return sys.spawn([cfg = std::move(cfg)](caf::stateful_actor<HeadState>* self) -> caf::behavior {
-    self->state.cfg = cfg;
+    auto& st = self->state;
+    st.cfg = cfg;
+    const PipelineRef& target = st.cfg.target();
+    // One merged run per target stage keeps every stage of the pipeline busy.
+    if (st.cfg.strategy->pair_role.empty())
+      st.merger = std::make_unique<RunMerger>(target.role, target.first_node, st.cfg.router, st.run_ids,
+                                              size_t(st.cfg.n_batch), std::max<size_t>(1, target.price.stages.size()));
     return {
         [self](generate_atom, const SessionPtr& s) {
           self->state.queue.push_back(s);
           settle(self->state);
           arm(self);
+        },
+        [self](cancel_atom, const SessionPtr& s) {
+          on_cancel(self->state, s);
+          settle(self->state);
         },
         [self](deadline_atom) {
           self->state.ticking = false;

@@ -1,10 +1,26 @@
-// The head: takes client requests, runs each through the configured strategy over the
-// pipelines of its roles, and streams accepted tokens back. It is the single owner of the
-// session state; gateway threads and clients only post messages to it.
+// The head: takes client requests, runs each through its strategy over the pipelines of its
+// roles, and streams accepted tokens back. It is the single owner of the session state;
+// gateway threads and clients only post messages to it.
+//
+// Several sessions run at once (HeadConfig::max_sessions), each with its own strategy
+// instance, sampler, token stream, run deadlines and range of KV sequences (head_host.hpp).
+// Decode steps of mergeable strategies (ar) that are ready together share one target run
+// (run_merger.hpp); the other strategies' runs interleave in the pipelines. Requests beyond
+// the running ones wait in a FIFO queue (the runtime bounds it). KV cells: each session may
+// hold session_ctx of the target's cells (its context; the runtime makes it n_ctx /
+// max_sessions, as llama.cpp's server splits its context between slots), so sessions that
+// keep to their context never run another out of cells.
+//
+// Faults: a stage's error about a run ends the sessions that run belongs to; a run past its
+// deadline ends its session. A node that stops answering ends every running session with
+// ErrorKind::unavailable, unless a standby takes its stages over: then every session pauses,
+// drops its runs in flight and restarts its strategy from its accepted tokens once the stages
+// have moved (each session's tokens stay exactly what they would have been).
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -35,9 +51,25 @@ struct Session {
   std::promise<GenerationResult> done;
   std::atomic<bool> cancel{false};
   bool record_metrics = true;  // false for the runtime's own warm-up run
+  // The strategy and its checked parameters (the runtime resolves the request's); null: the
+  // head's configured one.
+  const StrategyInfo* strategy = nullptr;
+  StrategyParams params;
+  std::function<void()> on_finished;  // called once the result is handed over
 };
 using SessionPtr = std::shared_ptr<Session>;
+// (generate_atom, SessionPtr): start or queue a session. (cancel_atom, SessionPtr): end it now
+// (queued: without starting), cancelling its runs in the pipelines.
 using generate_atom = caf::atom_constant<caf::atom("generate")>;
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+
+// Sessions running and waiting, for status queries from other threads.
+struct HeadCounters {
+  std::atomic<int> running{0};
+  std::atomic<int> queued{0};
+  std::atomic<uint64_t> merged_runs{0};   // target runs that carried merged decode steps
+  std::atomic<uint64_t> merged_steps{0};  // decode steps they carried
+};
 
 // A role's pipeline as the head sees it.
 struct PipelineRef {
@@ -70,6 +102,9 @@ struct HeadConfig {
   SamplingParams sampling;
   int n_predict = 128;
   int n_batch = 256;
+  int max_sessions = 1;   // sessions running at once
+  int session_ctx = 0;    // KV cells one session may hold (its context)
+  std::shared_ptr<HeadCounters> counters = std::make_shared<HeadCounters>();
   std::string metrics_csv;      // append a row per generation when set
   std::string head_node;
   std::vector<std::string> nodes;       // every node of the topology

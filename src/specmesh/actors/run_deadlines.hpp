@@ -67,6 +67,12 @@ class RunDeadlines {
   std::optional<Overdue> overdue(Clock::time_point now = Clock::now()) const;
   std::size_t outstanding() const { return runs_.size(); }
   bool awaits(uint64_t run) const { return runs_.count(run) != 0; }
+  // The outstanding runs by role.
+  std::map<std::string, std::vector<uint64_t>> outstanding_by_role() const {
+    std::map<std::string, std::vector<uint64_t>> out;
+    for (const auto& [run, r] : runs_) out[r.role].push_back(run);
+    return out;
+  }
 
  private:
   struct Run {

@@ -111,13 +111,15 @@ void report_refusal(const StageConfig& cfg, StageStats& stats, uint64_t run, con
   cfg.router->send(cfg.head_node, make_envelope(run, Error{ErrorCode::invalid_request, cfg.self_node, what}));
 }
 
-void apply_kv_ops(KvCache& kv, const std::vector<KvOp>& ops) {
+void apply_kv_ops(Context& ctx, const std::vector<KvOp>& ops) {
   if (std::string why = kv_ops_problem(ops); !why.empty()) throw std::invalid_argument(why);
+  KvCache& kv = ctx.kv();
   for (const KvOp& op : ops) {
     switch (op.kind) {
       case KvOpKind::copy: kv.seq_cp(op.seq, op.dst_seq, op.pos_begin, op.pos_end); break;
       case KvOpKind::remove: kv.seq_rm(op.seq, op.pos_begin, op.pos_end); break;
       case KvOpKind::keep: kv.seq_keep(op.seq); break;
+      case KvOpKind::shift: ctx.shift_positions(op.seq, op.pos_begin, op.pos_end, op.delta); break;
     }
   }
 }
@@ -219,7 +221,7 @@ void schedule_kv_ops(StageState& st, uint64_t run, KvCacheOp ops, RunAdmission::
   auto job = std::make_shared<DeviceJob>();
   job->run = [ctx = st.ctx, cfg = st.cfg, run, ops = std::move(ops), place = std::move(place)](ThreadPool&) -> WorkCost {
     try {
-      apply_kv_ops(ctx->kv(), ops.ops);
+      apply_kv_ops(*ctx, ops.ops);
       // Cache operations travel down the pipeline in order with the runs.
       if (!ctx->has_head()) {
         KvCacheOp next = ops;

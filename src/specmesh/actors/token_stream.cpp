@@ -11,7 +11,7 @@ TokenStream::TokenStream(SessionPtr session, const Model& target, int default_n_
   result_.stats.prompt_tokens = int(result_.prompt_ids.size());
   metrics_.prompt_tokens = result_.stats.prompt_tokens;
   tokens_ = result_.prompt_ids;
-  n_predict_ = session_->request.n_predict > 0 ? session_->request.n_predict : default_n_predict;
+  n_predict_ = session_->request.n_predict != 0 ? session_->request.n_predict : default_n_predict;
   decoder_ = std::make_unique<StreamDecoder>(tok);
   for (int32_t t : result_.prompt_ids) decoder_->feed(t);
 }
@@ -21,6 +21,7 @@ bool TokenStream::accept(int32_t token) {
   const auto now = TokenRecorder::Clock::now();
   if (!session_->request.ignore_eos && target_.stops_at(token)) {
     if (result_.ids.empty()) stop_ms_ = std::chrono::duration<double, std::milli>(now - clock_.start()).count();
+    reason_ = FinishReason::stop;
     finish();
     return false;
   }
@@ -30,20 +31,34 @@ bool TokenStream::accept(int32_t token) {
   ++result_.stats.generated_tokens;
   std::string piece = decoder_->feed(token);
   result_.text += piece;
-  bool more = !session_->cancel.load();
-  if (session_->on_token && !session_->on_token(token, piece)) more = false;
-  if (!more || int(result_.ids.size()) >= n_predict_) {
+  bool more = true;
+  if (session_->cancel.load()) {
+    reason_ = FinishReason::cancelled;
+    more = false;
+  } else if (session_->on_token && !session_->on_token(token, piece)) {
+    reason_ = FinishReason::stop;
+    more = false;
+  }
+  if (!more || (n_predict_ > 0 && int(result_.ids.size()) >= n_predict_)) {
     finish();
     return false;
   }
   return true;
 }
 
-void TokenStream::finish(std::string error) {
+void TokenStream::shift(int n_keep, int n_discard) {
+  tokens_.erase(tokens_.begin() + n_keep, tokens_.begin() + n_keep + n_discard);
+  ++result_.context_shifts;
+}
+
+void TokenStream::finish(std::string error, ErrorKind kind) {
   if (done_) return;
   done_ = true;
   result_.text += decoder_->flush();
   result_.error = std::move(error);
+  result_.error_kind = result_.error.empty() ? ErrorKind::none : kind;
+  result_.finish_reason = result_.error.empty() ? (session_->cancel.load() ? FinishReason::cancelled : reason_)
+                                                : FinishReason::error;
   clock_.fill(metrics_);
   if (stop_ms_ >= 0) metrics_.ttft_ms = stop_ms_;  // the stop token was the first one
   GenerationStats& st = result_.stats;
@@ -59,6 +74,8 @@ void TokenStream::finish(std::string error) {
     }
   }
   result_.metrics = metrics_;
+  // Released first, so a client that sees the result may submit again at once.
+  if (session_->on_finished) session_->on_finished();
   session_->done.set_value(std::move(result_));
 }
 

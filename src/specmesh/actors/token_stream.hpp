@@ -19,16 +19,19 @@ class TokenStream {
   TokenStream(SessionPtr session, const Model& target, int default_n_predict, std::string metrics_csv);
 
   const std::vector<int32_t>& prompt() const { return result_.prompt_ids; }
-  const std::vector<int32_t>& tokens() const { return tokens_; }  // prompt + accepted
+  // The context: prompt + accepted, less what context shifts dropped.
+  const std::vector<int32_t>& tokens() const { return tokens_; }
   SpecMetrics& metrics() { return metrics_; }
   bool done() const { return done_; }
 
   // Appends and streams a token; false once generation is over (limit, stop token, client
   // stop), after which nothing more is accepted.
   bool accept(int32_t token);
-  // Ends the session and hands the result to the client (error empty: success); appends the
-  // metrics row to metrics_csv when set.
-  void finish(std::string error = {});
+  // Ends the session and hands the result to the client (error empty: success, with `kind`
+  // ignored); appends the metrics row to metrics_csv when set.
+  void finish(std::string error = {}, ErrorKind kind = ErrorKind::internal);
+  // Drops tokens [n_keep, n_keep + n_discard) of the context (a context shift).
+  void shift(int n_keep, int n_discard);
 
  private:
   SessionPtr session_;
@@ -38,7 +41,8 @@ class TokenStream {
   SpecMetrics metrics_;
   std::unique_ptr<StreamDecoder> decoder_;
   std::vector<int32_t> tokens_;
-  int n_predict_ = 0;
+  int n_predict_ = 0;  // < 0: no limit
+  FinishReason reason_ = FinishReason::length;
   bool done_ = false;
   TokenRecorder clock_;  // when each token was accepted
   double stop_ms_ = -1;  // when a stop token ended the generation before any token

@@ -2,6 +2,7 @@
 // topology file fills) with the target and any draft on devices of their own, and runs it
 // through the runtime, whatever the strategy.
 #include <cstdio>
+#include <limits>
 #include <filesystem>
 #include <random>
 #include <thread>
@@ -25,7 +26,8 @@ struct GenerateOptions {
   float temp = 0.8f, top_p = 1.0f, min_p = 0.0f;
   int top_k = 0;
   int64_t seed = -1;
-  bool ignore_eos = false, json = false;
+  bool ignore_eos = false, json = false, context_shift = false;
+  int n_keep = 0;
   ParamOptions params;
 };
 
@@ -68,7 +70,12 @@ void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
     std::fputs(o.prompt.c_str(), stdout);
     std::fflush(stdout);
   }
-  GenerationResult r = rt.generate({.prompt = o.prompt, .n_predict = o.n_predict, .sampling = sp, .ignore_eos = o.ignore_eos},
+  GenerationResult r = rt.generate({.prompt = o.prompt,
+                                    .n_predict = o.n_predict,
+                                    .sampling = sp,
+                                    .ignore_eos = o.ignore_eos,
+                                    .context_shift = o.context_shift,
+                                    .n_keep = o.n_keep},
                                    [&](int32_t, const std::string& piece) {
                                      if (!o.json) {
                                        std::fputs(piece.c_str(), stdout);
@@ -111,7 +118,15 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--strategy", o->strategy, strategy_names() + " (default: the registry's for the models given)")
       ->check(CLI::IsMember(names));
   cmd->add_option("-p,--prompt", o->prompt, "prompt text");
-  cmd->add_option("-n,--n-predict", o->n_predict, "tokens to generate")->check(CLI::PositiveNumber);
+  cmd->add_option("-n,--n-predict", o->n_predict, "tokens to generate; -1: until the end-of-sequence token or a full context")
+      ->check(CLI::Validator(
+          [](std::string& v) { return v == "0" ? std::string("must be positive or -1") : std::string(); }, "-1 or N>0"))
+      ->check(CLI::Range(-1, std::numeric_limits<int>::max()));
+  cmd->add_flag("--context-shift", o->context_shift,
+                "when the context is full, drop the oldest half of the tokens after --keep and go on (llama.cpp's "
+                "context shift); without it a full context ends generation with an error");
+  cmd->add_option("--keep", o->n_keep, "tokens of the prompt a context shift keeps (-1: all of it)")
+      ->check(CLI::Range(-1, std::numeric_limits<int>::max()));
   cmd->add_option("-t,--threads", o->threads, "compute threads (default: all cores)")->check(CLI::NonNegativeNumber);
   cmd->add_option("-c,--ctx", o->n_ctx, "context size in tokens (default: the model's, at most 4096)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--temp", o->temp, "temperature; 0 is greedy")->check(finite_in(0, 1e6));

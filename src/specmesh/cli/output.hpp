@@ -19,8 +19,12 @@ inline nlohmann::json result_json(const GenerationResult& r) {
   stats["ttft_ms"] = r.stats.ttft_ms;
   stats["decode_tokens_per_s"] = r.stats.decode_tokens_per_s;
   stats["total_ms"] = r.stats.total_ms;
+  stats["context_shifts"] = r.context_shifts;
   j["stats"] = stats;
-  if (!r.ok()) j["error"] = r.error;
+  if (!r.ok()) {
+    j["error"] = r.error;
+    j["error_kind"] = to_string(r.error_kind);
+  }
   return j;
 }
 

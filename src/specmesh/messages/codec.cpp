@@ -139,12 +139,13 @@ struct Encoder {
     pk.pack_int32(m.layer);
     pk.pack_array(static_cast<uint32_t>(m.ops.size()));
     for (const auto& op : m.ops) {
-      pk.pack_array(5);
+      pk.pack_array(6);
       pk.pack_uint8(static_cast<uint8_t>(op.kind));
       pk.pack_int32(op.seq);
       pk.pack_int32(op.dst_seq);
       pk.pack_int32(op.pos_begin);
       pk.pack_int32(op.pos_end);
+      pk.pack_int32(op.delta);
     }
   }
   void operator()(const Cancel& m) {
@@ -401,13 +402,14 @@ struct Decoder {
         const auto& ops = array(a.ptr[2], UINT32_MAX, "kv ops");
         m.ops.reserve(ops.size);
         for (uint32_t i = 0; i < ops.size; ++i) {
-          const auto& f = array(ops.ptr[i], 5, "kv op");
+          const auto& f = array(ops.ptr[i], 6, "kv op");
           KvOp op;
           op.kind = static_cast<KvOpKind>(enum_value(f.ptr[0], kKvOpKindMax, "kv op kind"));
           op.seq = i32(f.ptr[1], "kv seq");
           op.dst_seq = i32(f.ptr[2], "kv dst_seq");
           op.pos_begin = i32(f.ptr[3], "kv pos_begin");
           op.pos_end = i32(f.ptr[4], "kv pos_end");
+          op.delta = i32(f.ptr[5], "kv delta");
           m.ops.push_back(op);
         }
         return m;

@@ -213,15 +213,19 @@ struct AttentionSync {
 };
 
 // KV-cache edits with llama.cpp semantics over position ranges [pos_begin, pos_end);
-// a negative bound means open-ended. dst_seq is used by copy only.
-enum class KvOpKind : uint8_t { copy = 0, remove = 1, keep = 2 };
-inline constexpr uint8_t kKvOpKindMax = 2;
+// a negative bound means open-ended. dst_seq is used by copy only. shift adds `delta` to the
+// positions of the sequence's cells in the range (llama.cpp's seq_add) and rotates their
+// cached keys by it, so they read as if computed at the new positions (llama.cpp's K-shift).
+// remove and shift take seq -1 for every sequence.
+enum class KvOpKind : uint8_t { copy = 0, remove = 1, keep = 2, shift = 3 };
+inline constexpr uint8_t kKvOpKindMax = 3;
 struct KvOp {
   KvOpKind kind = KvOpKind::remove;
   int32_t seq = 0;
   int32_t dst_seq = -1;
   int32_t pos_begin = -1;
   int32_t pos_end = -1;
+  int32_t delta = 0;  // shift only
   friend bool operator==(const KvOp&, const KvOp&) = default;
 };
 struct KvCacheOp {

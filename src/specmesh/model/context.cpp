@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "specmesh/kernels/ops.hpp"
 #include "specmesh/kernels/quant.hpp"
 #include "specmesh/model/forward_pass.hpp"
 
@@ -44,6 +45,16 @@ ForwardOutput Context::forward(const Batch& batch, const float* hidden_in) {
   ForwardOutput out = pass.output();
   out.captured = std::move(captured);
   return out;
+}
+
+void Context::shift_positions(int seq, int32_t p0, int32_t p1, int32_t delta) {
+  const std::vector<int32_t> cells = kv_.seq_add(seq, p0, p1, delta);
+  const HParams& hp = model_.hparams();
+  const size_t KV = size_t(hp.kv_dim());
+  for (int il = begin_; il < end_; ++il) {
+    float* k = kv_.k(il);
+    for (int32_t c : cells) rope(k + size_t(c) * KV, hp.n_head_kv, hp.head_dim, hp.n_rot, delta, hp.rope_theta, hp.rope);
+  }
 }
 
 void Context::set_view(int seq, std::shared_ptr<const KvView> view) {

@@ -71,6 +71,12 @@ class Context {
   // The work forward(batch) does on this context's layers, for device timing models.
   WorkCost cost(const Batch& batch) const;
 
+  // Moves the cells of `seq` (< 0: every sequence) in positions [p0, p1) by delta and rotates
+  // their cached keys by delta in every layer of this context, as llama.cpp's K-shift does:
+  // RoPE rotations compose, so a key rotated for position p and then by delta equals the key
+  // rotated for p + delta (up to rounding), for either rope style.
+  void shift_positions(int seq, int32_t p0, int32_t p1, int32_t delta);
+
   // Attention of tokens in sequence `seq` reads the cells `view` selects (nullptr: every
   // visible cell, the default). A token in several sequences uses the lowest one's view.
   void set_view(int seq, std::shared_ptr<const KvView> view);

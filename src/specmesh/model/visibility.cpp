@@ -1,5 +1,6 @@
 #include "specmesh/model/visibility.hpp"
 
+#include <algorithm>
 #include <bit>
 
 namespace specmesh {
@@ -36,6 +37,10 @@ void Visibility::cells(size_t i, int layer, int kv_head, std::vector<int32_t>& o
         out.push_back(c);
     }
   }
+  // Attention reads the cells in position order, wherever they were placed: a session whose
+  // tokens landed in cells another session freed computes exactly what it would alone.
+  auto by_pos = [&](int32_t a, int32_t b) { return kv_.cell(a).pos < kv_.cell(b).pos; };
+  if (!std::is_sorted(out.begin(), out.end(), by_pos)) std::stable_sort(out.begin(), out.end(), by_pos);
   if (view_of_[i]) view_of_[i]->select(kv_, layer, kv_head, pos, out);
 }
 

@@ -44,7 +44,8 @@ int64_t max_frame_bytes(const Topology& topo, ModelCache& models) {
   return std::min<int64_t>(bound, int64_t{1} << 31);
 }
 
-NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::string& node, ModelCache& models)
+NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::string& node, ModelCache& models,
+                   int max_sessions, std::shared_ptr<HeadCounters> counters)
     : name_(node) {
   const NodeSpec& self = topo.nodes.at(node);
   GatewayConfig gc;
@@ -141,7 +142,11 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
     }
   }
   if (node == topo.head_node) {
-    head_ = spawn_head(sys, head_config(topo, models, router_));
+    HeadConfig hc = head_config(topo, models, router_);
+    hc.max_sessions = std::max(1, max_sessions);
+    hc.session_ctx = hc.target().price.n_ctx / hc.max_sessions;
+    if (counters) hc.counters = std::move(counters);
+    head_ = spawn_head(sys, std::move(hc));
     actors_.push_back(head_);
     // The head's handlers are short (sample, launch the next run): running them on the
     // gateway thread saves a thread wake-up per token.

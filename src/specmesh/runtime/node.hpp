@@ -38,7 +38,10 @@ class ModelCache {
 
 class NodeHost {
  public:
-  NodeHost(caf::actor_system& sys, const Topology& topo, const std::string& node, ModelCache& models);
+  // On the head node the head runs up to max_sessions sessions at once, and `counters` (when
+  // given) follows them.
+  NodeHost(caf::actor_system& sys, const Topology& topo, const std::string& node, ModelCache& models,
+           int max_sessions = 1, std::shared_ptr<HeadCounters> counters = nullptr);
   ~NodeHost();
   NodeHost(const NodeHost&) = delete;
   NodeHost& operator=(const NodeHost&) = delete;

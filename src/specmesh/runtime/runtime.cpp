@@ -11,6 +11,7 @@
 #include "specmesh/runtime/node.hpp"
 #include "specmesh/runtime/node_processes.hpp"
 #include "specmesh/runtime/port_base.hpp"
+#include "specmesh/runtime/request.hpp"
 
 namespace specmesh {
 
@@ -25,12 +26,20 @@ struct Runtime::Impl {
   ModelCache models;
   std::vector<std::unique_ptr<NodeHost>> nodes;  // hosted in this process; [0] is the head
   std::shared_ptr<const Model> head_model;
+  std::shared_ptr<HeadCounters> counters = std::make_shared<HeadCounters>();
+  // Requests admitted and not yet finished (running and queued); shared with their sessions,
+  // which may finish after the runtime is gone.
+  std::shared_ptr<std::atomic<int>> open = std::make_shared<std::atomic<int>>(0);
 };
 
 Runtime::Runtime(Topology topology, RuntimeOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.topo = std::move(topology);
   m.opts = options;
+  if (m.opts.max_sessions < 1)
+    throw std::invalid_argument("max_sessions must be at least 1 (got " + std::to_string(m.opts.max_sessions) + ")");
+  if (m.opts.max_queued < 0)
+    throw std::invalid_argument("max_queued must not be negative (got " + std::to_string(m.opts.max_queued) + ")");
   m.topo.check();
   resolve_layers(m.topo, m.models);
   check_vocabularies(m.topo, m.models);
@@ -69,7 +78,8 @@ Runtime::Runtime(Topology topology, RuntimeOptions options) : impl_(std::make_un
     if (m.opts.spawn_nodes) m.children.start(m.topo, m.opts.specmesh_binary, m.port_base, child_args);
     configure_low_latency_scheduler(m.cfg);
     m.sys = std::make_unique<caf::actor_system>(m.cfg);
-    m.nodes.push_back(std::make_unique<NodeHost>(*m.sys, m.topo, m.topo.head_node, m.models));
+    m.nodes.push_back(
+        std::make_unique<NodeHost>(*m.sys, m.topo, m.topo.head_node, m.models, m.opts.max_sessions, m.counters));
     for (const auto& [name, node] : m.topo.nodes)
       if (name != m.topo.head_node && node.endpoint.rfind("inproc://", 0) == 0)
         m.nodes.push_back(std::make_unique<NodeHost>(*m.sys, m.topo, name, m.models));
@@ -120,21 +130,55 @@ Runtime::~Runtime() {
 struct Generation::State {
   SessionPtr session;
   std::future<GenerationResult> result;
+  caf::actor head;
 };
 
 Generation::Generation(std::shared_ptr<State> state) : state_(std::move(state)) {}
 Generation::~Generation() = default;
 GenerationResult Generation::wait() { return state_->result.get(); }
-void Generation::cancel() { state_->session->cancel = true; }
+void Generation::cancel() {
+  state_->session->cancel = true;
+  // The head ends the session now and cancels its runs in the pipelines.
+  if (state_->head) caf::anon_send(state_->head, cancel_atom::value, state_->session);
+}
 
 std::unique_ptr<Generation> Runtime::submit(GenerationRequest request, StreamCallback on_token) {
+  Impl& m = *impl_;
   auto s = std::make_shared<Session>();
   s->request = std::move(request);
   s->on_token = std::move(on_token);
   auto state = std::make_shared<Generation::State>();
   state->session = s;
   state->result = s->done.get_future();
-  caf::anon_send(impl_->nodes[0]->head(), generate_atom::value, s);
+  auto refuse = [&](std::string error, ErrorKind kind) {
+    GenerationResult r;
+    r.error = std::move(error);
+    r.error_kind = kind;
+    r.finish_reason = FinishReason::error;
+    s->done.set_value(std::move(r));
+    return std::make_unique<Generation>(std::move(state));
+  };
+  try {
+    RequestStrategy rs = request_strategy(m.topo, context_size(), s->request);
+    s->strategy = rs.info;
+    s->params = std::move(rs.params);
+  } catch (const std::invalid_argument& e) {
+    return refuse(e.what(), ErrorKind::invalid_request);
+  }
+  if (s->request.n_predict < -1)
+    return refuse("n_predict must be -1 (until the end or a full context), 0 (the default) or positive, not " +
+                      std::to_string(s->request.n_predict),
+                  ErrorKind::invalid_request);
+  const int bound = m.opts.max_sessions + m.opts.max_queued;
+  if (m.open->fetch_add(1) >= bound) {
+    --*m.open;
+    return refuse("busy: " + std::to_string(m.opts.max_sessions) + " sessions running and " +
+                      std::to_string(m.opts.max_queued) + " waiting, the most this runtime admits; try again later",
+                  ErrorKind::busy);
+  }
+  s->on_finished = [open = m.open] { --*open; };
+  state->head = m.nodes[0]->head();
+  caf::anon_send(state->head, generate_atom::value, s);
   return std::make_unique<Generation>(std::move(state));
 }
 
@@ -152,6 +196,20 @@ std::vector<Runtime::StageCounters> Runtime::stage_counters() const {
 }
 
 const Topology& Runtime::topology() const { return impl_->topo; }
+const RuntimeOptions& Runtime::options() const { return impl_->opts; }
+
+int Runtime::session_context() const { return context_size() / impl_->opts.max_sessions; }
+
+RuntimeStatus Runtime::status() const {
+  RuntimeStatus s;
+  Router& router = *impl_->nodes[0]->router();
+  for (const auto& [name, node] : impl_->topo.nodes)
+    if (name != impl_->topo.head_node && !router.reachable(name)) s.nodes_down.push_back(name);
+  s.health = s.nodes_down.empty() ? Health::ready : Health::degraded;
+  s.sessions_running = impl_->counters->running.load();
+  s.sessions_queued = impl_->counters->queued.load();
+  return s;
+}
 int Runtime::context_size() const {
   return specmesh::context_size(*impl_->head_model, impl_->topo.run.n_ctx);
 }

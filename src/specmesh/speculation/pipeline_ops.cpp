@@ -59,6 +59,12 @@ void OneRunPerToken::on_logits(uint64_t run, const Logits& l) {
   awaited_ = feed(h_, kTargetRole, cached_, {h_.tokens().back()}, 1);
 }
 
+bool OneRunPerToken::context_shifted(int n_keep, int n_discard) {
+  if (n_keep < 0 || n_discard < 0 || size_t(n_keep + n_discard) > cached_.size()) return false;
+  cached_.erase(cached_.begin() + n_keep, cached_.begin() + n_keep + n_discard);
+  return true;
+}
+
 float top_probability(const float* logits, int n_vocab) {
   float m = logits[0];
   for (int i = 1; i < n_vocab; ++i) m = std::max(m, logits[i]);

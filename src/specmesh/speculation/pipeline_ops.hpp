@@ -34,6 +34,8 @@ class OneRunPerToken {
   // and launches the next run.
   void on_logits(uint64_t run, const Logits& l);
   uint64_t awaited() const { return awaited_; }
+  // Follows a context shift (Strategy::context_shifted): drops the tokens the cache lost.
+  bool context_shifted(int n_keep, int n_discard);
 
  private:
   StrategyHost& h_;

@@ -44,6 +44,26 @@ StrategyParams StrategyInfo::resolve(const std::map<std::string, ParamValue>& gi
   return StrategyParams(std::move(values));
 }
 
+int StrategyInfo::sequences_for(const StrategyParams& params, const std::set<std::string>& roles) const {
+  return sequences ? std::clamp(sequences(params, roles), 1, kMaxSeqs) : kMaxSeqs;
+}
+
+StrategyParams StrategyInfo::resolve_text(std::map<std::string, ParamValue> base,
+                                          const std::vector<std::pair<std::string, std::string>>& text) const {
+  for (const auto& [key, value] : text) {
+    const ParamSpec* p = param(key);
+    if (!p) {
+      base[key] = ParamValue();  // resolve() names the unknown key and the known ones
+      continue;
+    }
+    std::string why;
+    auto parsed = parse_param(*p, value, &why);
+    if (!parsed) throw std::invalid_argument("parameter " + describe(*p) + ": " + why);
+    base[key] = *parsed;
+  }
+  return resolve(base);
+}
+
 const StrategyInfo* find_strategy(const std::string& name) {
   for (const StrategyInfo& s : strategies())
     if (s.name == name) return &s;

@@ -45,11 +45,23 @@ struct StrategyInfo {
   // the two groups of actors/alspec_stage with pair_settings(params). Empty: plain pipelines.
   std::string pair_role;
   std::function<AlspecSettings(const StrategyParams&)> pair_settings;
+  // KV sequences a session of this strategy uses (StrategyHost::sequences), for setups with
+  // these roles. Unset: every sequence of the cache, so its sessions run one at a time.
+  std::function<int(const StrategyParams&, const std::set<std::string>& roles)> sequences;
+  // Its target runs are plain decode steps (one sequence, no speculation), which the head may
+  // merge with other sessions' into one run (continuous batching).
+  bool mergeable_runs = false;
 
   const ParamSpec* param(const std::string& key) const;
+  // sequences() when set, else kMaxSeqs; at least 1, at most kMaxSeqs.
+  int sequences_for(const StrategyParams& params, const std::set<std::string>& roles) const;
   // Defaults for everything not given; throws std::invalid_argument naming an unknown key
   // or a value out of its range.
   StrategyParams resolve(const std::map<std::string, ParamValue>& given) const;
+  // resolve() over `base` with `text` laid on top, each value parsed from text against its
+  // spec as `--param KEY=VALUE` is; throws std::invalid_argument naming the bad key or value.
+  StrategyParams resolve_text(std::map<std::string, ParamValue> base,
+                              const std::vector<std::pair<std::string, std::string>>& text) const;
 };
 
 // Every registered strategy, in registration order.

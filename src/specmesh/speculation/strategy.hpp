@@ -55,6 +55,9 @@ class StrategyHost {
   virtual int vocab() const = 0;
   virtual int n_batch() const = 0;              // most tokens one run may carry
   virtual const StrategyParams& params() const = 0;
+  // KV sequences the strategy may use, 0 .. sequences() - 1 (the head gives each session a
+  // range of the cache's sequences and translates these ids into it).
+  virtual int sequences() const { return kMaxSeqs; }
 };
 
 class Strategy {
@@ -74,6 +77,12 @@ class Strategy {
   // The session is over: drop whatever is still in flight so the next one does not queue
   // behind it.
   virtual void abandon() {}
+  // The context was full and the host shifted it (GenerationRequest::context_shift): tokens
+  // [n_keep, n_keep + n_discard) of tokens() are gone, later ones moved down by n_discard, in
+  // tokens() and in every cache of the session (the cache operation is already on its way).
+  // Called from inside accept(), before it returns. False: the strategy cannot follow a shift,
+  // and the session ends with a context_full error instead.
+  virtual bool context_shifted(int n_keep, int n_discard) { return false; }
 };
 
 }  // namespace specmesh

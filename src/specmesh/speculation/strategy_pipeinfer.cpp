@@ -109,7 +109,7 @@ struct RunInfo {
 class PipeInfer final : public Strategy {
  public:
   explicit PipeInfer(StrategyHost& h) : c_(h), cut_(p_accept_) {
-    for (int s = 1; s <= std::min(kMaxSeqs - 1, n_parallel_ + 1); ++s) free_.push_back(s);
+    for (int s = 1; s <= std::min(h.sequences() - 1, n_parallel_ + 1); ++s) free_.push_back(s);
   }
 
   void start() override {
@@ -595,6 +595,8 @@ StrategyInfo strategy_info_pipeinfer() {
       {"p_split", ParamType::Float, 0, 1, 0.8, "draft probability (plus the cutoff's adjustment) a non-top candidate needs to become a branch", {"--p-split", "--ps"}},
   };
   s.make = [](StrategyHost& h) { return std::make_unique<PipeInfer>(h); };
+  // The canonical sequence 0 and branches 1 .. n_parallel + 1.
+  s.sequences = [](const StrategyParams& p, const std::set<std::string>&) { return p.integer("n_parallel") + 2; };
   return s;
 }
 

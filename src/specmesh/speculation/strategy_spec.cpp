@@ -259,6 +259,17 @@ StrategyInfo strategy_info_spec() {
       throw ParamConflict("tree", "the tree " + shape + " (" + std::to_string(nodes * drafts) + " nodes) does not fit a context of " +
                                       std::to_string(setup.n_ctx) + " tokens");
   };
+  // A chain uses the canonical sequence alone; a tree (or several drafts' merged chains) one
+  // branch sequence per leaf besides it, on the target and in each draft's drafter.
+  s.sequences = [](const StrategyParams& p, const std::set<std::string>& roles) {
+    size_t drafts = 1;
+    while (roles.count(draft_role(int(drafts)))) ++drafts;
+    const std::vector<int>& tree = p.list("tree");
+    if (tree.empty() && drafts == 1) return 1;
+    size_t leaves = 1;
+    for (int w : tree) leaves = std::min<size_t>(leaves * size_t(w), size_t(kMaxSeqs));
+    return int(std::min<size_t>(1 + leaves * drafts, size_t(kMaxSeqs)));
+  };
   s.make = [](StrategyHost& h) -> std::unique_ptr<Strategy> {
     if (!h.params().list("tree").empty() || h.has_role("draft2")) return std::make_unique<TreeSpeculative>(h);
     return std::make_unique<Speculative>(h);

@@ -34,7 +34,7 @@ bool TreeDrafter::on_logits(uint64_t run, const Logits& l) {
   return true;
 }
 
-int TreeDrafter::new_seq() { return next_seq_ < kMaxSeqs ? next_seq_++ : -1; }
+int TreeDrafter::new_seq() { return next_seq_ < h_.sequences() ? next_seq_++ : -1; }
 
 void TreeDrafter::expand(const std::vector<int32_t>& parents, const std::vector<float>& rows) {
   const int V = h_.vocab();

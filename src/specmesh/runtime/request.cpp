@@ -1,0 +1,40 @@
+#include "specmesh/runtime/request.hpp"
+
+#include <set>
+#include <stdexcept>
+
+namespace specmesh {
+
+RequestStrategy request_strategy(const Topology& topo, int n_ctx, const GenerationRequest& request) {
+  if (request.strategy.empty() && request.params.empty()) return {};
+  const StrategyInfo& configured = strategy(topo.run.strategy);
+  const StrategyInfo& info = request.strategy.empty() ? configured : strategy(request.strategy);
+  std::set<std::string> roles;
+  for (const auto& [role, model] : topo.role_models()) roles.insert(role);
+  // A device pair is built for one strategy: the stages of the pair cannot run another's runs.
+  if (info.pair_role != configured.pair_role)
+    throw std::invalid_argument(
+        "strategy \"" + info.name + "\" cannot run here: " +
+        (configured.pair_role.empty() ? "it pairs the target with role \"" + info.pair_role + "\", which this setup does not build"
+                                      : "this setup pairs the target's devices for strategy \"" + configured.name + "\""));
+  for (const std::string& role : info.roles)
+    if (!roles.count(role)) {
+      std::string have;
+      for (const std::string& r : roles) have += (have.empty() ? "" : ", ") + r;
+      throw std::invalid_argument("strategy \"" + info.name + "\" needs a pipeline for role \"" + role +
+                                  "\", which this setup does not have (roles: " + have + ")");
+    }
+  RequestStrategy out;
+  out.info = &info;
+  out.params = info.resolve_text(&info == &configured ? topo.run.params : std::map<std::string, ParamValue>{}, request.params);
+  if (info.check) {
+    try {
+      info.check(out.params, SetupFacts{n_ctx, roles});
+    } catch (const ParamConflict& c) {
+      throw std::invalid_argument("parameter " + c.key + ": " + c.what());
+    }
+  }
+  return out;
+}
+
+}  // namespace specmesh

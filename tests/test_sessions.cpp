@@ -1,0 +1,408 @@
+// Several sessions at once in one runtime: each gives exactly the tokens it gives alone, whatever
+// runs beside it (other strategies, cancels, errors); admission is bounded; requests name
+// their strategy; and a full context either shifts (llama.cpp's context shift, keys re-rotated)
+// or ends the generation with a clear error.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "processes.hpp"
+#include "refdata.hpp"
+#include "specmesh/model/context.hpp"
+#include "specmesh/model/generate.hpp"
+#include "specmesh/model/sampler.hpp"
+#include "specmesh/runtime.hpp"
+#include "synthetic_model.hpp"
+
+using namespace specmesh;
+using specmesh::test::refdata;
+
+namespace {
+
+const char* const kTarget = "gguf-models/stories260K.gguf";
+const char* const kDraft = "gguf-models/stories260K-draft-tiny.gguf";
+
+// The target alone, or with a draft (strategies ar, spec and pipeinfer), configured for `ar`.
+Topology setup(int n_ctx, bool with_draft) {
+  std::map<std::string, ModelSpec> roles;
+  if (with_draft) roles["draft"] = {"draft", refdata(kDraft), ""};
+  Topology t = Topology::single_process({"target", refdata(kTarget), ""}, roles, 1);
+  t.run.strategy = "ar";
+  t.run.n_ctx = n_ctx;
+  t.run.temperature = 0;
+  return t;
+}
+
+RuntimeOptions sessions(int max_sessions, int max_queued = 16) {
+  RuntimeOptions o;
+  o.max_sessions = max_sessions;
+  o.max_queued = max_queued;
+  return o;
+}
+
+struct Ask {
+  std::string prompt, strategy;
+  int n = 48;
+  int cancel_after = 0;  // > 0: Generation::cancel once this many tokens arrived
+};
+
+GenerationRequest request_of(const Ask& a) {
+  GenerationRequest r;
+  r.prompt = a.prompt;
+  r.n_predict = a.n;
+  r.ignore_eos = true;
+  r.strategy = a.strategy;
+  return r;
+}
+
+// Runs every request at once; a request with cancel_after is cancelled from another thread
+// once that many of its tokens have arrived.
+std::vector<GenerationResult> run_together(Runtime& rt, const std::vector<Ask>& asks) {
+  std::vector<std::unique_ptr<Generation>> gens;
+  std::vector<std::shared_ptr<std::atomic<int>>> counts;
+  for (const Ask& a : asks) {
+    auto count = std::make_shared<std::atomic<int>>(0);
+    counts.push_back(count);
+    gens.push_back(rt.submit(request_of(a), [count](int32_t, const std::string&) {
+      ++*count;
+      return true;
+    }));
+  }
+  std::vector<std::thread> cancellers;
+  for (size_t i = 0; i < asks.size(); ++i)
+    if (asks[i].cancel_after > 0)
+      cancellers.emplace_back([&, i] {
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+        while (counts[i]->load() < asks[i].cancel_after && std::chrono::steady_clock::now() < give_up)
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        gens[i]->cancel();
+      });
+  std::vector<GenerationResult> out;
+  for (auto& g : gens) out.push_back(g->wait());
+  for (auto& t : cancellers) t.join();
+  return out;
+}
+
+bool is_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  return a.size() <= b.size() && std::equal(a.begin(), a.end(), b.begin());
+}
+
+}  // namespace
+
+TEST(Sessions, ConcurrentMixedStrategiesEachGiveTheirSingleSessionIds) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::vector<Ask> asks = {
+      {"Once upon a time", "ar"},
+      {"The little dog", "spec"},
+      {"Lily and Ben went", "pipeinfer"},
+      {"One day, a girl", "ar"},
+      {"Tom had a red ball", "ar", 200, 10},
+      {"The sun was", "pipeinfer", 200, 8},
+      {"A cat sat", "spec", 200, 6},
+      {"Mom said", ""},  // the configuration's strategy
+  };
+  // Alone: one session at a time, each with the whole of the same per-session context.
+  std::vector<std::vector<int32_t>> alone;
+  {
+    Runtime rt(setup(256, true), sessions(1));
+    for (const Ask& a : asks) {
+      GenerationResult r = rt.generate(request_of(a));
+      ASSERT_TRUE(r.ok()) << a.strategy << ": " << r.error;
+      ASSERT_EQ(int(r.ids.size()), a.n);
+      alone.push_back(r.ids);
+    }
+  }
+  Runtime rt(setup(4 * 256, true), sessions(4));
+  ASSERT_EQ(rt.session_context(), 256);
+  for (int round = 0; round < 2; ++round) {
+    const auto together = run_together(rt, asks);
+    for (size_t i = 0; i < asks.size(); ++i) {
+      const GenerationResult& r = together[i];
+      EXPECT_TRUE(r.ok()) << asks[i].strategy << ": " << r.error;
+      if (asks[i].cancel_after == 0) {
+        EXPECT_EQ(r.ids, alone[i]) << "request " << i << " (" << asks[i].strategy << ") round " << round;
+        EXPECT_EQ(r.finish_reason, FinishReason::length);
+      } else {
+        EXPECT_EQ(r.finish_reason, FinishReason::cancelled) << "request " << i;
+        EXPECT_GE(int(r.ids.size()), asks[i].cancel_after) << "request " << i;
+        EXPECT_LT(int(r.ids.size()), asks[i].n) << "request " << i << " was not cancelled";
+        EXPECT_TRUE(is_prefix(r.ids, alone[i])) << "request " << i << " (" << asks[i].strategy << ")";
+      }
+    }
+  }
+  const RuntimeStatus s = rt.status();
+  EXPECT_EQ(s.health, Health::ready);
+  EXPECT_EQ(s.sessions_running, 0);
+  EXPECT_EQ(s.sessions_queued, 0);
+}
+
+TEST(Sessions, ArDecodeStepsOfConcurrentSessionsShareTargetRuns) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::vector<Ask> asks = {{"Once upon a time", "ar", 64},
+                                 {"The little dog", "ar", 64},
+                                 {"Lily and Ben went", "ar", 64},
+                                 {"One day, a girl", "ar", 64}};
+  Runtime rt(setup(4 * 128, false), sessions(4));
+  const auto results = run_together(rt, asks);
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << r.error;
+  uint64_t runs = 0;
+  for (const auto& c : rt.stage_counters()) runs += c.runs;
+  // Alone each session takes 64 target runs (its prompt and 63 decode steps); merged, the
+  // four together take far fewer than 4 x 64.
+  EXPECT_LT(runs, uint64_t(4 * 64 * 3 / 4)) << "decode steps were not merged into shared runs";
+}
+
+TEST(Sessions, AdmissionBeyondTheBoundFailsAtOnceWithBusy) {
+  SPECMESH_REQUIRE_REFDATA();
+  Runtime rt(setup(512, false), sessions(1, 1));
+  // The first session runs slowly (its client takes 20 ms per token), the second waits for it.
+  auto first = rt.submit({.prompt = "Once upon a time", .n_predict = 200, .ignore_eos = true},
+                         [&](int32_t, const std::string&) {
+                           std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                           return true;
+                         });
+  auto second = rt.submit({.prompt = "The little dog", .n_predict = 16, .ignore_eos = true});
+  for (int i = 0; i < 500 && rt.status().sessions_queued < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const auto t0 = std::chrono::steady_clock::now();
+  GenerationResult third = rt.generate({.prompt = "Lily", .n_predict = 16});
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_FALSE(third.ok());
+  EXPECT_EQ(third.error_kind, ErrorKind::busy) << third.error;
+  EXPECT_NE(third.error.find("busy"), std::string::npos) << third.error;
+  EXPECT_LT(ms, 1000) << "a refused request must not wait";
+  const RuntimeStatus s = rt.status();
+  EXPECT_EQ(s.sessions_running, 1);
+  EXPECT_EQ(s.sessions_queued, 1);
+  first->cancel();
+  GenerationResult a = first->wait();
+  EXPECT_TRUE(a.ok()) << a.error;
+  EXPECT_EQ(a.finish_reason, FinishReason::cancelled);
+  GenerationResult b = second->wait();
+  ASSERT_TRUE(b.ok()) << b.error;
+  EXPECT_EQ(b.ids.size(), 16u);
+  // Once they are done, requests are admitted again.
+  GenerationResult again = rt.generate({.prompt = "Lily", .n_predict = 4});
+  EXPECT_TRUE(again.ok()) << again.error;
+}
+
+TEST(Sessions, OneSessionsErrorOrCancelLeavesAnothersIdsAlone) {
+  SPECMESH_REQUIRE_REFDATA();
+  const int ctx = 64;
+  std::vector<int32_t> alone;
+  {
+    Runtime rt(setup(ctx, false), sessions(1));
+    auto r = rt.generate({.prompt = "Once upon a time", .n_predict = 40, .ignore_eos = true});
+    ASSERT_TRUE(r.ok()) << r.error;
+    alone = r.ids;
+  }
+  Runtime rt(setup(3 * ctx, false), sessions(3));
+  // Beside it: one session that runs its context full (an error mid-way), one cancelled.
+  auto full = rt.submit({.prompt = "The little dog", .n_predict = -1, .ignore_eos = true});
+  auto steady = rt.submit({.prompt = "Once upon a time", .n_predict = 40, .ignore_eos = true});
+  std::atomic<int> seen{0};
+  auto cancelled = rt.submit({.prompt = "Lily and Ben", .n_predict = 60, .ignore_eos = true},
+                             [&](int32_t, const std::string&) { return ++seen < 1000; });
+  while (seen.load() < 5) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  cancelled->cancel();
+  GenerationResult f = full->wait(), s = steady->wait(), c = cancelled->wait();
+  EXPECT_EQ(f.error_kind, ErrorKind::context_full) << f.error;
+  EXPECT_NE(f.error.find("context of 64 tokens is full"), std::string::npos) << f.error;
+  EXPECT_EQ(f.finish_reason, FinishReason::error);
+  EXPECT_EQ(int(f.prompt_ids.size() + f.ids.size()), ctx + 1) << "every cell of the context used, and one token more";
+  EXPECT_EQ(c.finish_reason, FinishReason::cancelled);
+  EXPECT_LT(c.ids.size(), 60u);
+  ASSERT_TRUE(s.ok()) << s.error;
+  EXPECT_EQ(s.ids, alone);
+}
+
+TEST(Sessions, RequestStrategyAndParametersAreChecked) {
+  SPECMESH_REQUIRE_REFDATA();
+  Runtime alone_rt(setup(256, false), sessions(2));
+  auto r = alone_rt.generate({.prompt = "Once", .n_predict = 4, .strategy = "spec"});
+  EXPECT_EQ(r.error_kind, ErrorKind::invalid_request);
+  EXPECT_NE(r.error.find("role \"draft\""), std::string::npos) << r.error;
+  r = alone_rt.generate({.prompt = "Once", .n_predict = 4, .strategy = "nope"});
+  EXPECT_EQ(r.error_kind, ErrorKind::invalid_request);
+  EXPECT_NE(r.error.find("unknown strategy \"nope\""), std::string::npos) << r.error;
+  r = alone_rt.generate({.prompt = "Once", .n_predict = -2});
+  EXPECT_EQ(r.error_kind, ErrorKind::invalid_request) << r.error;
+
+  Runtime rt(setup(256, true), sessions(2));
+  const std::vector<int32_t> ar = rt.generate({.prompt = "Once upon a time", .n_predict = 24, .ignore_eos = true}).ids;
+  ASSERT_EQ(ar.size(), 24u);
+  GenerationRequest bad{.prompt = "Once", .n_predict = 4, .strategy = "spec"};
+  bad.params = {{"n_draft", "0"}};
+  r = rt.generate(bad);
+  EXPECT_EQ(r.error_kind, ErrorKind::invalid_request);
+  EXPECT_NE(r.error.find("n_draft"), std::string::npos) << r.error;
+  bad.params = {{"n_draft", "two"}};
+  r = rt.generate(bad);
+  EXPECT_EQ(r.error_kind, ErrorKind::invalid_request);
+  EXPECT_NE(r.error.find("'two'"), std::string::npos) << r.error;
+  bad.params = {{"max_runs", "2"}};
+  r = rt.generate(bad);
+  EXPECT_EQ(r.error_kind, ErrorKind::invalid_request);
+  EXPECT_NE(r.error.find("has no parameter 'max_runs'"), std::string::npos) << r.error;
+  GenerationRequest good{.prompt = "Once upon a time", .n_predict = 24, .ignore_eos = true, .strategy = "spec"};
+  good.params = {{"n_draft", "2"}, {"p_accept", "0.1"}};
+  r = rt.generate(good);
+  ASSERT_TRUE(r.ok()) << r.error;
+  EXPECT_EQ(r.metrics.strategy, "spec");
+  EXPECT_GT(r.metrics.drafted, 0);
+  EXPECT_EQ(r.ids, ar);
+}
+
+TEST(Sessions, APromptLongerThanTheContextIsContextFull) {
+  SPECMESH_REQUIRE_REFDATA();
+  Runtime rt(setup(32, false), sessions(2));
+  ASSERT_EQ(rt.session_context(), 16);
+  std::string prompt;
+  for (int i = 0; i < 12; ++i) prompt += "Once upon a time ";
+  auto r = rt.generate({.prompt = prompt, .n_predict = 4});
+  EXPECT_EQ(r.error_kind, ErrorKind::context_full) << r.error;
+  EXPECT_NE(r.error.find("more than the session's context of 16 tokens"), std::string::npos) << r.error;
+  EXPECT_TRUE(r.ids.empty());
+}
+
+namespace {
+
+// Greedy logits of `next` after `prompt`, the prompt cached at positions from `pos0` and then
+// moved by `delta` (0: not moved), the next token at the position after the prompt's last.
+std::vector<float> logits_after(const Model& m, const std::vector<int32_t>& prompt, int32_t pos0, int32_t delta,
+                                int32_t next, bool rotate = true) {
+  Context ctx(m, {.n_ctx = 128});
+  Batch b;
+  for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], pos0 + int32_t(i), seq_bit(0), false);
+  ctx.forward(b);
+  if (rotate) ctx.shift_positions(0, -1, -1, delta);
+  else ctx.kv().seq_add(0, -1, -1, delta);
+  Batch d;
+  d.add(next, pos0 + delta + int32_t(prompt.size()), seq_bit(0), true);
+  return ctx.forward(d).logits;
+}
+
+float max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+void expect_shift_equals_recompute(const Model& m, const std::string& what) {
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 24; ++i) prompt.push_back(int32_t(5 + (i * 37) % (m.hparams().n_vocab - 10)));
+  // Attention under RoPE depends on relative positions only: a cache moved as a whole and its
+  // keys re-rotated gives what a cache computed at the new positions gives.
+  for (auto [from, delta] : {std::pair{0, 9}, std::pair{30, -30}, std::pair{3, 40}}) {
+    const auto moved = logits_after(m, prompt, from, delta, 7);
+    const auto direct = logits_after(m, prompt, from + delta, 0, 7);
+    EXPECT_LT(max_diff(moved, direct), 2e-3f) << what << ": from " << from << " by " << delta;
+    // Moving the positions without rotating the keys is wrong, and this test sees it.
+    const auto unrotated = logits_after(m, prompt, from, delta, 7, false);
+    EXPECT_GT(max_diff(unrotated, direct), 1e-2f) << what << ": from " << from << " by " << delta;
+  }
+}
+
+}  // namespace
+
+TEST(ContextShift, ReRotatedKeysEqualKeysComputedAtTheNewPositions) {
+  SPECMESH_REQUIRE_REFDATA();
+  auto llama = Model::load(refdata(kTarget));
+  ASSERT_EQ(llama->hparams().rope, RopeStyle::Interleaved);
+  expect_shift_equals_recompute(*llama, "stories260K (interleaved rope)");
+  auto qwen3 = test::synthetic_model("tiny-qwen3", 3);
+  ASSERT_EQ(qwen3->hparams().rope, RopeStyle::Neox);
+  expect_shift_equals_recompute(*qwen3, "tiny-qwen3 (neox rope)");
+}
+
+TEST(ContextShift, KvCacheMovesPositionsAndFreesCellsMovedBelowZero) {
+  KvCache kv(8, 0, 1, 4);
+  Batch b;
+  for (int p = 0; p < 6; ++p) b.add(1, p, p < 3 ? seq_bit(0) | seq_bit(1) : seq_bit(0), false);
+  kv.place(b);
+  const auto moved = kv.seq_add(0, 2, -1, -3);  // positions 2..5 -> -1..2
+  EXPECT_EQ(moved, (std::vector<int32_t>{3, 4, 5}));
+  EXPECT_TRUE(kv.cell(2).empty()) << "moved below position 0: freed";
+  EXPECT_EQ(kv.cell(5).pos, 2);
+  EXPECT_EQ(kv.seq_pos_max(0), 2);
+  EXPECT_EQ(kv.seq_pos_max(1), 1);
+}
+
+namespace {
+
+// llama.cpp's loop with context shift over the model alone: keep n_keep tokens (and the BOS),
+// drop half of the rest when the next token would not fit, move the tail down.
+std::vector<int32_t> shifting_reference(const Model& m, int n_ctx, const std::vector<int32_t>& prompt, int n, int n_keep) {
+  Context ctx(m, {.n_ctx = n_ctx});
+  std::vector<int32_t> toks = prompt, out;
+  const int keep = n_keep + (prompt[0] == m.tokenizer().bos() ? 1 : 0);
+  auto logits = prefill(ctx, prompt, 0, 256);
+  for (;;) {
+    const int32_t t = Sampler::argmax(logits.data(), m.hparams().n_vocab);
+    out.push_back(t);
+    toks.push_back(t);
+    if (int(out.size()) == n) return out;
+    if (int(toks.size()) > n_ctx) {
+      const int cached = int(toks.size()) - 1, discard = (cached - keep) / 2;
+      ctx.kv().seq_rm(0, keep, keep + discard);
+      ctx.shift_positions(0, keep + discard, -1, -discard);
+      toks.erase(toks.begin() + keep, toks.begin() + keep + discard);
+    }
+    Batch d;
+    d.add(t, int32_t(toks.size()) - 1, seq_bit(0), true);
+    logits = ctx.forward(d).logits;
+  }
+}
+
+}  // namespace
+
+TEST(ContextShift, ArGoesOnPastAFullContextAsLlamaCppDoes) {
+  SPECMESH_REQUIRE_REFDATA();
+  const int ctx = 64, n = 150;
+  Runtime rt(setup(2 * ctx, false), sessions(2));
+  ASSERT_EQ(rt.session_context(), ctx);
+  const std::string prompt = "Once upon a time, there was a little girl";
+  auto m = Model::load(refdata(kTarget));
+  const auto prompt_ids = m->tokenizer().encode_prompt(prompt, false);
+  for (int n_keep : {0, 4}) {
+    const auto want = shifting_reference(*m, ctx, prompt_ids, n, n_keep);
+    // Beside it, a plain session that must not notice.
+    auto other = rt.submit({.prompt = "The little dog", .n_predict = 30, .ignore_eos = true});
+    GenerationRequest req{.prompt = prompt, .n_predict = n, .ignore_eos = true, .context_shift = true, .n_keep = n_keep};
+    GenerationResult r = rt.generate(req);
+    ASSERT_TRUE(r.ok()) << r.error;
+    EXPECT_EQ(r.ids, want) << "n_keep " << n_keep;
+    EXPECT_GE(r.context_shifts, 2);
+    GenerationResult o = other->wait();
+    EXPECT_TRUE(o.ok()) << o.error;
+    EXPECT_EQ(o.ids.size(), 30u);
+  }
+  // Without the shift the same request ends where the context is full, with the tokens so far.
+  GenerationResult r = rt.generate({.prompt = prompt, .n_predict = -1, .ignore_eos = true});
+  EXPECT_EQ(r.error_kind, ErrorKind::context_full) << r.error;
+  const auto want = shifting_reference(*m, ctx, prompt_ids, ctx + 1 - int(prompt_ids.size()), 0);
+  EXPECT_EQ(r.ids, want);
+}
+
+TEST(ContextShift, GenerateTakesMinusOneAndContextShift) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string base = std::string(SPECMESH_CLI_PATH) + " generate -m " + refdata(kTarget) +
+                           " -p 'Once upon a time' --temp 0 --ignore-eos -t 1 -c 48 --json";
+  auto full = test::shell(base + " -n -1 2>/dev/null");
+  EXPECT_NE(full.status, 0) << full.out;
+  auto j = test::last_json(full.out);
+  ASSERT_TRUE(j.is_object()) << full.out;
+  EXPECT_EQ(j["error_kind"], "context_full") << full.out;
+  auto shifted = test::shell(base + " -n 120 --context-shift 2>/dev/null");
+  ASSERT_EQ(shifted.status, 0) << shifted.out;
+  j = test::last_json(shifted.out);
+  EXPECT_EQ(j["ids"].size(), 120u) << shifted.out;
+  EXPECT_GE(j["stats"]["context_shifts"].get<int>(), 2) << shifted.out;
+  auto zero = test::shell(base + " -n 0 2>&1");
+  EXPECT_NE(zero.status, 0) << zero.out;
+}
