@@ -28,7 +28,7 @@ struct ServeCommand {
   std::vector<std::string> drafts;
   ParamOptions params;
   serve::ServeOptions server;
-  int threads = 0, n_ctx = 0, port_base = -1;
+  int threads = 0, n_ctx = 0, port_base = -1, parallel = 1, max_queued = 64;
   float temp = 0.8f, top_p = 0.95f, min_p = 0.05f;
   int top_k = 40;
   bool spawn = false;
@@ -129,6 +129,9 @@ void run_serve(ServeCommand& o, const CLI::App& cmd) {
   ro.spawn_nodes = o.spawn;
   ro.port_base = o.port_base;
   ro.connect_timeout = std::chrono::milliseconds(int64_t(o.connect_timeout_s * 1000));
+  ro.max_sessions = o.parallel;
+  ro.max_queued = o.max_queued;
+  so.http_threads = std::max(so.http_threads, o.parallel + o.max_queued + 8);
   serve::Server server(so, [topo, ro]() { return std::make_unique<Runtime>(topo, ro); });
   StopSignals signals(server);
   const int port = server.bind();
@@ -165,9 +168,19 @@ void register_serve(CLI::App& app) {
                   "template when there is one)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "template", "chat", "story"}));
-  cmd->add_option("-n,--n-predict", o->server.defaults.max_tokens, "max_tokens of requests that give none")
+  cmd->add_option("-n,--n-predict", o->server.defaults.max_tokens,
+                  "max_tokens of requests that give none (-1: until the end of sequence or the context is full)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(-1, 1 << 30) & !CLI::IsMember({0}));
+  cmd->add_option("--parallel", o->parallel,
+                  "sessions generated at once; each gets an equal share of the context (ctx / parallel)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--max-queued", o->max_queued, "requests that may wait for a session; past them: 429")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
+  cmd->add_flag("--context-shift", o->server.context_shift,
+                "a reply that fills its context drops the oldest half of it and goes on (else it ends, \"length\")");
   cmd->add_option("-c,--ctx", o->n_ctx, "context size in tokens (default: the model's / the topology's)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("-t,--threads", o->threads, "compute threads with -m (default: all cores)")->check(CLI::NonNegativeNumber);
@@ -175,9 +188,10 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--top-k", o->top_k, "top_k of requests that give none (0: off)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-p", o->top_p, "top_p of requests that give none")->capture_default_str()->check(finite_in(0, 1));
   cmd->add_option("--min-p", o->min_p, "min_p of requests that give none")->capture_default_str()->check(finite_in(0, 1));
-  cmd->add_option("--http-threads", o->server.http_threads, "connections served at once")
+  cmd->add_option("--http-threads", o->server.http_threads,
+                  "connections served at once (at least --parallel + --max-queued + 8)")
       ->capture_default_str()
-      ->check(CLI::Range(4, 1024));
+      ->check(CLI::Range(4, 8192));
   cmd->add_flag("--spawn", o->spawn, "start the topology's other nodes as child processes");
   cmd->add_option("--port-base", o->port_base, "move the topology's endpoints (as `specmesh run --port-base`)")
       ->check(CLI::Range(0, 65533));

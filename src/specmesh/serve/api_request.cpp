@@ -1,6 +1,7 @@
 #include "specmesh/serve/api_request.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "specmesh/serve/api_error.hpp"
@@ -102,22 +103,27 @@ void parse_extension(const json& body, CompletionOptions& o) {
   }
   if (const json* p = field(*ext, "params")) {
     if (!p->is_object()) throw bad_field("specmesh.params", "'specmesh.params' must be an object of parameter values");
+    // Typed JSON values become the text `--param KEY=VALUE` takes: 4, 0.25, true, 1,1,3.
     for (const auto& [key, value] : p->items()) {
       const std::string path = "specmesh.params." + key;
+      std::string text;
       if (value.is_boolean()) {
-        o.params[key] = ParamValue(value.get<bool>() ? 1.0 : 0.0);
+        text = value.get<bool>() ? "true" : "false";
+      } else if (value.is_number_integer()) {
+        text = std::to_string(value.get<int64_t>());
       } else if (value.is_number() && std::isfinite(value.get<double>())) {
-        o.params[key] = ParamValue(value.get<double>());
-      } else if (value.is_array()) {
-        std::vector<int> list;
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.17g", value.get<double>());
+        text = buf;
+      } else if (value.is_array() && !value.empty()) {
         for (const json& e : value) {
           if (!e.is_number_integer()) throw bad_field(path, "'" + path + "' must be a number, a boolean or a list of integers");
-          list.push_back(e.get<int>());
+          text += (text.empty() ? "" : ",") + std::to_string(e.get<int64_t>());
         }
-        o.params[key] = ParamValue(std::move(list));
       } else {
         throw bad_field(path, "'" + path + "' must be a number, a boolean or a list of integers, not " + value.dump());
       }
+      o.params.emplace_back(key, std::move(text));
     }
   }
   o.ignore_eos = boolean(*ext, "ignore_eos", "specmesh.ignore_eos");

@@ -3,22 +3,21 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "specmesh/chat/conversation.hpp"
 #include "specmesh/generation.hpp"
-#include "specmesh/topology.hpp"
 
 namespace specmesh::serve {
 
 // What a request leaves out: the server's command-line defaults.
 struct RequestDefaults {
   SamplingParams sampling;  // the seed is drawn per request when the request has none
-  int max_tokens = 256;
+  int max_tokens = -1;      // -1: until the end of sequence or the session's context is full
 };
 
 // The part of a request that does not depend on the endpoint.
@@ -29,9 +28,10 @@ struct CompletionOptions {
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage: a last chunk with the usage
   std::string model;              // as requested; empty when not given
-  // The "specmesh" extension: {"strategy": "spec", "params": {"n_draft": 6}, "ignore_eos": true}.
+  // The "specmesh" extension: {"strategy": "spec", "params": {"n_draft": 6}, "ignore_eos": true};
+  // the runtime checks the strategy and its parameters (GenerationRequest::strategy, ::params).
   std::string strategy;           // empty: the server's
-  std::map<std::string, ParamValue> params;
+  std::vector<std::pair<std::string, std::string>> params;  // as `--param KEY=VALUE` takes them
   bool ignore_eos = false;
 };
 

@@ -29,9 +29,7 @@ json stats_json(const GenerationResult& r) {
           {"total_ms", r.stats.total_ms}};
 }
 
-std::string finish_reason(const GenerationResult& r, bool hit_stop, int max_tokens) {
-  return !hit_stop && int(r.ids.size()) >= max_tokens ? "length" : "stop";
-}
+std::string finish_reason(const GenerationResult& r) { return r.finish_reason == FinishReason::length ? "length" : "stop"; }
 
 json response_json(const ReplyHeader& h, const std::string& text, const std::string& finish, const GenerationResult& r) {
   json choice = {{"index", 0}, {"finish_reason", finish}, {"logprobs", nullptr}};
@@ -79,7 +77,18 @@ std::string json_text(const json& j) { return j.dump(-1, ' ', false, json::error
 std::string sse_event(const json& j) { return "data: " + json_text(j) + "\n\n"; }
 
 ApiError generation_error(const GenerationResult& r) {
-  return ApiError(500, "server_error", "generation_failed", "generation failed: " + r.error);
+  switch (r.error_kind) {
+    case ErrorKind::invalid_request:
+      return ApiError(400, "invalid_request_error", "invalid_value", r.error);
+    case ErrorKind::context_full:
+      return ApiError(413, "invalid_request_error", "context_length_exceeded", r.error);
+    case ErrorKind::busy:
+      return ApiError(429, "rate_limit_error", "server_busy", r.error);
+    case ErrorKind::unavailable:
+      return ApiError(503, "server_error", "unavailable", r.error);
+    default:
+      return ApiError(500, "server_error", "generation_failed", "generation failed: " + r.error);
+  }
 }
 
 }  // namespace specmesh::serve

@@ -25,8 +25,8 @@ nlohmann::json usage_json(const GenerationResult& r);
 // The "specmesh" extension of a reply: strategy, tokens_per_second, acceptance (null when
 // nothing was drafted), ttft_ms, drafted, accepted, generated tokens.
 nlohmann::json stats_json(const GenerationResult& r);
-// "stop" (EOS or a stop string) or "length" (max tokens reached).
-std::string finish_reason(const GenerationResult& r, bool hit_stop, int max_tokens);
+// "length" (max tokens or the context reached) or "stop" (EOS, a stop string, a cancel).
+std::string finish_reason(const GenerationResult& r);
 
 // A whole (not streamed) response; it carries the reply's ids in "specmesh".
 nlohmann::json response_json(const ReplyHeader& h, const std::string& text, const std::string& finish,
@@ -44,7 +44,8 @@ std::string json_text(const nlohmann::json& j);
 std::string sse_event(const nlohmann::json& j);
 inline constexpr const char* kSseDone = "data: [DONE]\n\n";
 
-// The HTTP status and error of a generation that failed.
+// The HTTP status and error of a generation that failed: invalid_request 400, context_full
+// 413, busy 429, unavailable 503, anything else 500.
 ApiError generation_error(const GenerationResult& r);
 
 }  // namespace specmesh::serve

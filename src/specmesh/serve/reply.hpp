@@ -39,8 +39,6 @@ class Reply {
 
   // After next() reported finished:
   const GenerationResult& result() const { return result_; }
-  // A stop string ended the reply.
-  bool hit_stop() const { return stopped_; }
 
  private:
   bool on_token(const std::string& piece);

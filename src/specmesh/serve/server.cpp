@@ -79,7 +79,10 @@ class Job {
       std::lock_guard lk(impl_.mu);
       impl_.replies.erase(reply_.get());
     }
-    impl_.metrics.count_generation(reply_->result(), client_gone_ ? "cancelled" : reply_->result().ok() ? "ok" : "error");
+    const GenerationResult& r = reply_->result();
+    impl_.metrics.count_generation(r, client_gone_ || r.finish_reason == FinishReason::cancelled ? "cancelled"
+                                      : r.ok()                                                    ? "ok"
+                                                                                                  : to_string(r.error_kind));
     impl_.metrics.generation_ended();
   }
   // Waits for news; cancels when the client has gone or the server stops.
@@ -163,8 +166,8 @@ void Server::Impl::load_runtime() {
     }
     runtime = std::move(rt);
     loaded = true;
-    spdlog::info("serve: {} ready ({} chat format, strategy {}, context {})", opts.model_id, format->name(),
-                 default_strategy, runtime->context_size());
+    spdlog::info("serve: {} ready ({} chat format, strategy {}, {} sessions of {} tokens)", opts.model_id, format->name(),
+                 default_strategy, runtime->options().max_sessions, runtime->session_context());
   } catch (const std::exception& e) {
     load_error = e.what();
     spdlog::error("serve: loading failed: {}", load_error);
@@ -179,7 +182,12 @@ Runtime& Server::Impl::ready_runtime() {
 
 std::pair<int, json> Server::Impl::health() const {
   if (!loaded) return {503, {{"status", "loading"}}};
-  return {200, {{"status", "ready"}}};
+  const RuntimeStatus s = runtime->status();
+  json body = {{"status", to_string(s.health)},
+               {"sessions_running", s.sessions_running},
+               {"sessions_queued", s.sessions_queued}};
+  if (!s.nodes_down.empty()) body["nodes_down"] = s.nodes_down;
+  return {s.health == Health::ready ? 200 : 503, body};
 }
 
 json Server::Impl::models() const {
@@ -187,7 +195,8 @@ json Server::Impl::models() const {
   if (loaded)
     model["specmesh"] = {{"strategy", default_strategy},
                          {"strategies", strategies},
-                         {"context_size", runtime->context_size()},
+                         {"context_size", runtime->session_context()},
+                         {"parallel", runtime->options().max_sessions},
                          {"chat_format", std::string(format->name())}};
   return {{"object", "list"}, {"data", json::array({model})}};
 }
@@ -220,28 +229,25 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
   } else {
     g.prompt = parse_prompt(body);
   }
-  if (!o.strategy.empty() && std::find(strategies.begin(), strategies.end(), o.strategy) == strategies.end())
-    throw bad_field("specmesh.strategy", "strategy '" + o.strategy + "' cannot run on this server's models (it can run: " +
-                                             [&] {
-                                               std::string list;
-                                               for (const std::string& s : strategies) list += (list.empty() ? "" : ", ") + s;
-                                               return list;
-                                             }() + ")");
-  const std::string strategy = o.strategy.empty() ? default_strategy : o.strategy;
-  try {
-    specmesh::strategy(strategy).resolve(o.params);
-  } catch (const std::invalid_argument& e) {
-    throw bad_field("specmesh.params", std::string("specmesh.params: ") + e.what());
-  }
+  g.strategy = o.strategy;
+  g.params = o.params;
 
+  // The runtime refuses a prompt that does not fit too; counted here, the error can say by
+  // how much. A reply stops where the session's context is full ("length"), unless the
+  // context shifts.
   const int n_prompt = int(rt.tokenizer().encode_prompt(g.prompt, g.parse_special).size());
-  const int n_ctx = rt.context_size();
+  const int n_ctx = rt.session_context();
   if (n_prompt >= n_ctx)
     throw ApiError(413, "invalid_request_error", "context_length_exceeded",
-                   "the prompt is " + std::to_string(n_prompt) + " tokens long; the context holds " + std::to_string(n_ctx) +
-                       " for prompt and reply together",
+                   "the prompt is " + std::to_string(n_prompt) + " tokens long; a session's context holds " +
+                       std::to_string(n_ctx) + " for prompt and reply together",
                    chat ? "messages" : "prompt");
-  g.n_predict = std::min(o.max_tokens, n_ctx - n_prompt);
+  if (opts.context_shift) {
+    g.context_shift = true;
+    g.n_predict = o.max_tokens;
+  } else {
+    g.n_predict = o.max_tokens < 0 ? n_ctx - n_prompt : std::min(o.max_tokens, n_ctx - n_prompt);
+  }
   g.sampling = o.sampling;
   g.ignore_eos = o.ignore_eos;
 
@@ -249,14 +255,13 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
                            opts.model_id, int64_t(std::time(nullptr)), chat};
   auto job = std::make_shared<Job>(shared, rt, std::move(g), std::move(stops));
   ConnectionWatch client(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
-  const int max_tokens = std::min(o.max_tokens, n_ctx - n_prompt);
 
   if (!o.stream) {
     std::string text;
     while (!job->finished()) text += job->next(client).text;
     const GenerationResult& r = job->reply().result();
     if (!r.ok()) throw generation_error(r);
-    send_json(res, 200, response_json(header, text, finish_reason(r, job->reply().hit_stop(), max_tokens), r));
+    send_json(res, 200, response_json(header, text, finish_reason(r), r));
     return;
   }
 
@@ -278,7 +283,7 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
   auto stream = std::make_shared<Stream>(Stream{job, client});
   res.set_chunked_content_provider(
       "text/event-stream",
-      [stream, header, max_tokens, include_usage = o.include_usage](size_t, httplib::DataSink& sink) {
+      [stream, header, include_usage = o.include_usage](size_t, httplib::DataSink& sink) {
         Job& job = *stream->job;
         Reply::Update u = job.next(stream->client);
         if (job.client_gone()) return false;
@@ -290,7 +295,7 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
         if (!u.finished) return true;
         const GenerationResult& r = job.reply().result();
         if (r.ok()) {
-          const std::string finish = finish_reason(r, job.reply().hit_stop(), max_tokens);
+          const std::string finish = finish_reason(r);
           if (!write(sse_event(chunk_json(header, "", false, finish, &r)))) return false;
           if (include_usage && !write(sse_event(usage_chunk_json(header, r)))) return false;
         } else if (!write(sse_event(generation_error(r).body()))) {

@@ -31,7 +31,13 @@ struct ServeOptions {
   std::string chat_template;       // --chat-template's text; empty: the model's
   std::string chat_template_name;  // where it came from, for error messages
   RequestDefaults defaults;
-  int http_threads = 32;           // connections served at once (a streaming reply holds one)
+  // A reply that fills its session's context shifts it (GenerationRequest::context_shift) and
+  // goes on; otherwise it ends there with finish_reason "length".
+  bool context_shift = false;
+  // Connections served at once (a streaming reply holds one). Give it more than the runtime's
+  // sessions and queue (RuntimeOptions::max_sessions + max_queued), so a request past the
+  // queue's bound is answered 429 rather than left waiting for a thread.
+  int http_threads = 32;
 };
 
 class Server {
