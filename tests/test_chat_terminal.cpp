@@ -86,7 +86,8 @@ TEST(ChatTerminal, CtrlCStopsTheReplyNotTheChat) {
                       << "[nodes.local]\nendpoint = \"inproc://chat-terminal\"\nhead = true\n\n"
                       << "[devices.cpu]\nnode = \"local\"\nprofile = { layer_ms = 3 }\n\n"
                       << "[devices.dcpu]\nnode = \"local\"\n\n"
-                      << "[[stages]]\nmodel = \"stories\"\ndevice = \"cpu\"\n\n[[stages]]\nmodel = \"small\"\ndevice = \"dcpu\"\n";
+                      << "[[stages]]\nmodel = \"stories\"\ndevice = \"cpu\"\nfraction = 1.0\n\n"
+                      << "[[stages]]\nmodel = \"small\"\ndevice = \"dcpu\"\nfraction = 1.0\n";
   Terminal t({SPECMESH_CHAT_PATH, "-c", topo, "-n", "400", "--temp", "0", "--ignore-eos", "--log-level", "warn"});
   ASSERT_TRUE(t.wait_for("> ")) << t.screen();
 

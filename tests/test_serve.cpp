@@ -194,8 +194,9 @@ TEST_F(Serve, UnknownRouteAndModelAre404) {
 TEST_F(Serve, PromptLongerThanTheContextIs413) {
   TestServer srv(serve_topology());
   ASSERT_TRUE(srv.wait_ready()) << srv.error();
+  const int n_ctx = http(srv.port(), "GET", "/v1/models").json()["data"][0]["specmesh"]["context_size"];
   std::string longer;
-  for (int i = 0; i < 300; ++i) longer += "Once upon a time ";
+  for (int i = 0; i < n_ctx / 2; ++i) longer += "Once upon a time ";
   for (bool stream : {false, true}) {
     HttpReply r = post(srv.port(), "/v1/completions", {{"prompt", longer}, {"stream", stream}});
     EXPECT_EQ(r.status, 413) << r.body;
@@ -208,7 +209,7 @@ TEST_F(Serve, PromptLongerThanTheContextIs413) {
                                                      {"specmesh", {{"ignore_eos", true}}}});
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.json()["choices"][0]["finish_reason"], "length");
-  EXPECT_EQ(r.json()["usage"]["total_tokens"].get<int>(), 512);
+  EXPECT_EQ(r.json()["usage"]["total_tokens"].get<int>(), n_ctx);
 }
 
 TEST_F(Serve, ApiKeyGuardsTheApiWith401) {

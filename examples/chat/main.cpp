@@ -92,8 +92,12 @@ class Backend {
   // `interrupts` cancels it. The result keeps the text and statistics of what was generated.
   GenerationResult complete(const std::string& prompt, bool parse_special, const GenerateParams& p, bool ignore_eos,
                             const std::string& strategy, Interrupts& interrupts, const PieceSink& sink) {
-    GenerationRequest req{.prompt = prompt, .n_predict = p.n_predict, .sampling = p.sampling, .ignore_eos = ignore_eos,
-                          .parse_special = parse_special};
+    GenerationRequest req;
+    req.prompt = prompt;
+    req.n_predict = p.n_predict;
+    req.sampling = p.sampling;
+    req.ignore_eos = ignore_eos;
+    req.parse_special = parse_special;
     req.strategy = strategy;
     bool more = true;
     size_t streamed = 0;

@@ -38,7 +38,14 @@ after(async () => {
 
 // The text and stats of the newest assistant message, once it has stopped streaming.
 async function lastReply() {
-  await page.waitForSelector(".msg.assistant:not(.streaming) .stats", { timeout: 30000 });
+  await page.waitForFunction(
+    () => {
+      const el = [...document.querySelectorAll(".msg.assistant")].pop();
+      return el && !el.classList.contains("streaming") && el.querySelector(".stats");
+    },
+    null,
+    { timeout: 30000 },
+  );
   return page.evaluate(() => {
     const all = document.querySelectorAll(".msg.assistant");
     const el = all[all.length - 1];

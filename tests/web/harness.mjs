@@ -45,7 +45,7 @@ export function writeTopology(name, { layerMs = 0, strategy = "ar" } = {}) {
       `[nodes.local]\nendpoint = "inproc://specmesh-web-${name}-${process.pid}"\nhead = true\n\n` +
       `[devices.cpu]\nnode = "local"\nthreads = 1\n${profile}\n` +
       `[devices.dcpu]\nnode = "local"\nthreads = 1\n\n` +
-      `[[stages]]\nmodel = "stories"\ndevice = "cpu"\n\n[[stages]]\nmodel = "small"\ndevice = "dcpu"\n`,
+      `[[stages]]\nmodel = "stories"\ndevice = "cpu"\nfraction = 1.0\n\n[[stages]]\nmodel = "small"\ndevice = "dcpu"\nfraction = 1.0\n`,
   );
   return file;
 }

@@ -47,7 +47,7 @@ test("a streamed completion equals specmesh generate", async () => {
     last = chunk;
   }
   assert.equal(text, want.text);
-  assert.ok(chunks > 10, `only ${chunks} chunks: not streamed`);
+  assert.ok(chunks >= want.ids.length / 2, `${chunks} chunks for ${want.ids.length} tokens: not streamed token by token`);
   assert.equal(last.usage.completion_tokens, want.ids.length);
   assert.equal(last.specmesh.strategy, "ar");
 });
@@ -95,7 +95,7 @@ test("errors arrive as the client's typed errors", async () => {
   const stranger = new OpenAI({ baseURL: server.base + "/v1", apiKey: "wrong", maxRetries: 0 });
   await assert.rejects(stranger.completions.create({ prompt }), OpenAI.AuthenticationError);
   await assert.rejects(
-    client.completions.create({ prompt: "Once upon a time ".repeat(300) }),
+    client.completions.create({ prompt: "Once upon a time ".repeat(2000) }),
     (e) => e instanceof OpenAI.APIError && e.status === 413 && e.code === "context_length_exceeded",
   );
 });

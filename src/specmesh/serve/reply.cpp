@@ -16,7 +16,7 @@ bool Reply::on_token(const std::string& piece) {
   std::lock_guard lk(mu_);
   started_ = true;
   streamed_bytes_ += piece.size();
-  pending_ += stop_.feed(piece);
+  push(stop_.feed(piece));
   stopped_ = stop_.stopped();
   cv_.notify_all();
   return !stopped_;
@@ -26,22 +26,31 @@ void Reply::wait_for_result() {
   GenerationResult r = generation_->wait();
   std::lock_guard lk(mu_);
   // Bytes of an unfinished UTF-8 character held back at the end reach only the result's text.
-  if (!stopped_ && r.text.size() > streamed_bytes_) pending_ += stop_.feed(std::string_view(r.text).substr(streamed_bytes_));
+  if (!stopped_ && r.text.size() > streamed_bytes_) push(stop_.feed(std::string_view(r.text).substr(streamed_bytes_)));
   stopped_ = stop_.stopped();
-  pending_ += stop_.flush();
+  push(stop_.flush());
   result_ = std::move(r);
   finished_ = true;
   cv_.notify_all();
+}
+
+void Reply::push(std::string text) {
+  if (!text.empty()) pending_.push_back(std::move(text));
 }
 
 Reply::Update Reply::next(std::chrono::milliseconds timeout) {
   std::unique_lock lk(mu_);
   cv_.wait_for(lk, timeout, [&] { return finished_ || !pending_.empty(); });
   Update u;
-  u.text = std::move(pending_);
-  pending_.clear();
+  u.pieces.swap(pending_);
   u.finished = finished_;
   return u;
+}
+
+std::string Reply::Update::text() const {
+  std::string all;
+  for (const std::string& p : pieces) all += p;
+  return all;
 }
 
 bool Reply::wait_started(std::chrono::milliseconds timeout) {

@@ -27,8 +27,9 @@ class Reply {
   Reply& operator=(const Reply&) = delete;
 
   struct Update {
-    std::string text;       // new text since the last update (may be empty)
-    bool finished = false;  // the generation has ended: result() is final
+    std::vector<std::string> pieces;  // new text since the last update, token by token
+    bool finished = false;            // the generation has ended: result() is final
+    std::string text() const;         // the pieces joined
   };
   // Waits up to `timeout` for new text or the end, and returns what there is.
   Update next(std::chrono::milliseconds timeout);
@@ -42,13 +43,14 @@ class Reply {
 
  private:
   bool on_token(const std::string& piece);
+  void push(std::string text);  // a piece for next(), unless empty
   void wait_for_result();
 
   std::unique_ptr<Generation> generation_;
   std::mutex mu_;
   std::condition_variable cv_;
   StopFilter stop_;
-  std::string pending_;          // text not yet taken by next()
+  std::vector<std::string> pending_;  // text not yet taken by next(), a piece per token
   size_t streamed_bytes_ = 0;    // bytes of the pieces so far, before stop filtering
   bool started_ = false, finished_ = false, stopped_ = false;
   GenerationResult result_;

@@ -258,7 +258,7 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
 
   if (!o.stream) {
     std::string text;
-    while (!job->finished()) text += job->next(client).text;
+    while (!job->finished()) text += job->next(client).text();
     const GenerationResult& r = job->reply().result();
     if (!r.ok()) throw generation_error(r);
     send_json(res, 200, response_json(header, text, finish_reason(r), r));
@@ -288,8 +288,9 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
         Reply::Update u = job.next(stream->client);
         if (job.client_gone()) return false;
         auto write = [&](const std::string& event) { return sink.write(event.data(), event.size()); };
-        if (!u.text.empty() || (header.chat && stream->first)) {
-          if (!write(sse_event(chunk_json(header, u.text, stream->first)))) return false;
+        if (header.chat && stream->first && u.pieces.empty()) u.pieces.emplace_back();  // the role comes first
+        for (const std::string& piece : u.pieces) {
+          if (!write(sse_event(chunk_json(header, piece, stream->first)))) return false;
           stream->first = false;
         }
         if (!u.finished) return true;
