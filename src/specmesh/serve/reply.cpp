@@ -58,6 +58,11 @@ bool Reply::wait_started(std::chrono::milliseconds timeout) {
   return cv_.wait_for(lk, timeout, [&] { return started_ || finished_; });
 }
 
+bool Reply::started() {
+  std::lock_guard lk(mu_);
+  return started_;
+}
+
 void Reply::cancel() { generation_->cancel(); }
 
 }  // namespace specmesh::serve

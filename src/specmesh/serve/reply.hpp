@@ -35,6 +35,8 @@ class Reply {
   Update next(std::chrono::milliseconds timeout);
   // Waits up to `timeout` until the first token has come or the generation has ended.
   bool wait_started(std::chrono::milliseconds timeout);
+  // Whether a token has come.
+  bool started();
   // Stops the generation (the runs stop in the pipeline); the text so far stays.
   void cancel();
 

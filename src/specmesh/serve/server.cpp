@@ -94,13 +94,14 @@ class Job {
     }
     return u;
   }
-  // Waits for the first token or the end, watching the client meanwhile.
-  void wait_started(const ConnectionWatch& client) {
+  // Waits for the first token or the end, watching the client meanwhile; true when a token came.
+  bool wait_started(const ConnectionWatch& client) {
     while (!reply_->wait_started(kPoll))
       if (!client_gone_ && (impl_.stopping || client.closed())) {
         client_gone_ = true;
         reply_->cancel();
       }
+    return reply_->started();
   }
   bool finished() const { return finished_; }
   bool client_gone() const { return client_gone_; }
@@ -267,8 +268,7 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
 
   // Streaming: the status is decided by the first token. A generation refused or failed before
   // it gets an error status; later errors arrive as an error event in the stream.
-  job->wait_started(client);
-  if (job->finished() || job->client_gone()) {
+  if (!job->wait_started(client)) {  // ended (or its client left) before any token
     while (!job->finished()) job->next(client);
     const GenerationResult& r = job->reply().result();
     if (!r.ok() && r.ids.empty()) throw generation_error(r);
