@@ -278,6 +278,41 @@ TEST_F(Serve, QueueFullIs429) {
   first.join();
 }
 
+TEST_F(Serve, StageDownIs503AndHealthSaysDegraded) {
+  // The two-stage ipc example with its stages as child processes; one of them frozen.
+  const std::string config = std::string(SPECMESH_SOURCE_DIR) + "/examples/pipeline-2stage-ipc.toml";
+  RuntimeOptions ro = node_options(true);
+  ro.port_base = 0;  // endpoints of its own, beside any other run of the file
+  serve::ServeOptions so;
+  so.model_id = "stories";
+  TestServer srv(so, [config, ro] { return Runtime::open(config, ro); });
+  ASSERT_TRUE(srv.wait_ready()) << srv.error();
+  // (On a loaded machine a heartbeat may come late and a first request fail; it comes back.)
+  ASSERT_TRUE(wait_until(
+      [&] { return post(srv.port(), "/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 8}}).status == 200; },
+      std::chrono::seconds(10)));
+  const auto stage1 = processes_where([&](const ProcessInfo& p) {
+    return p.ppid == ::getpid() && p.cmdline.find("--name stage1") != std::string::npos;
+  });
+  ASSERT_EQ(stage1.size(), 1u);
+  ::kill(stage1[0].pid, SIGSTOP);
+  HttpReply health;
+  EXPECT_TRUE(wait_until([&] { return (health = http(srv.port(), "GET", "/health")).status == 503; }, std::chrono::seconds(5)));
+  EXPECT_EQ(health.json()["status"], "degraded") << health.body;
+  EXPECT_EQ(health.json()["nodes_down"], json::array({"stage1"})) << health.body;
+  for (bool stream : {false, true}) {
+    HttpReply r = post(srv.port(), "/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 8}, {"stream", stream}});
+    EXPECT_EQ(r.status, 503) << r.body;
+    EXPECT_EQ(r.json()["error"]["code"], "unavailable") << r.body;
+  }
+  ::kill(stage1[0].pid, SIGCONT);
+  // Back: ready again, and requests go through.
+  EXPECT_TRUE(wait_until([&] { return http(srv.port(), "GET", "/health").status == 200; }, std::chrono::seconds(10)));
+  EXPECT_TRUE(wait_until(
+      [&] { return post(srv.port(), "/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 8}}).status == 200; },
+      std::chrono::seconds(10)));
+}
+
 TEST_F(Serve, ClientThatGoesAwayStopsItsGeneration) {
   // 4 ms per layer: a reply of 400 tokens would take 8 s.
   TestServer srv(serve_topology(4));
