@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -175,4 +176,62 @@ TEST(Failover, AKilledStageMovesToTheStandbyAndTheGenerationGoesOn) {
       }
       EXPECT_TRUE(test::processes_running("node --config " + config).empty()) << "node processes left behind";
     }
+}
+
+namespace {
+
+std::vector<int32_t> reference_of(const std::string& model, const std::string& prompt) {
+  auto m = Model::load(model, "");
+  Context ctx(*m, {});
+  return greedy_ids(ctx, m->tokenizer().encode(prompt, true), 64);
+}
+
+}  // namespace
+
+// Three sessions run at once when the middle stage is killed. With a standby each restarts from
+// its own accepted tokens and ends with the ids it gives alone; without one every session ends
+// with ErrorKind::unavailable and a prefix of its ids.
+TEST(Failover, ConcurrentSessionsEachGoOnFromTheirOwnTokens) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string model = test::refdata("gguf-models/stories260K.gguf");
+  const std::vector<std::string> prompts = {"Once upon a time", "The little dog", "Lily and Ben went"};
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : prompts) want.push_back(reference_of(model, p));
+  int index = 100;
+  for (bool standby : {true, false}) {
+    SCOPED_TRACE(standby ? "with a standby" : "without a standby");
+    const std::string config = write_topology(model, standby, index++);
+    std::vector<GenerationResult> results;
+    {
+      RuntimeOptions o = test::node_options(true);
+      o.max_sessions = 3;
+      Runtime rt(Topology::load(config), o);
+      pid_t pid = 0;
+      for (const auto& p : test::processes_running("node --config " + config))
+        if (p.cmdline.find("--name n1") != std::string::npos) pid = p.pid;
+      ASSERT_NE(pid, 0);
+      std::atomic<int> seen{0};
+      std::vector<std::unique_ptr<Generation>> gens;
+      for (size_t i = 0; i < prompts.size(); ++i)
+        gens.push_back(rt.submit({.prompt = prompts[i], .n_predict = 64, .ignore_eos = true},
+                                 [&, i](int32_t, const std::string&) {
+                                   if (i == 0 && ++seen == 10) ::kill(pid, SIGKILL);
+                                   return true;
+                                 }));
+      for (auto& g : gens) results.push_back(g->wait());
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const GenerationResult& r = results[i];
+      if (standby) {
+        EXPECT_TRUE(r.ok()) << i << ": " << r.error;
+        EXPECT_EQ(r.ids, want[i]) << i;
+        EXPECT_EQ(r.metrics.failovers, 1) << i;
+      } else {
+        EXPECT_EQ(r.error_kind, ErrorKind::unavailable) << i << ": " << r.error;
+        EXPECT_NE(r.error.find("node 'n1' stopped answering"), std::string::npos) << r.error;
+        EXPECT_EQ(std::vector<int32_t>(want[i].begin(), want[i].begin() + long(r.ids.size())), r.ids) << i;
+      }
+    }
+    EXPECT_TRUE(test::processes_running("node --config " + config).empty()) << "node processes left behind";
+  }
 }

@@ -158,10 +158,11 @@ TEST(RunDeadlines, ASessionCannotHaveMoreThanItsCapOfRunsInFlight) {
   cfg.pipelines[kTargetRole] = p;
   cfg.router = router;
   cfg.max_runs_in_flight = 5;
+  cfg.session_ctx = 64;
   auto session = std::make_shared<Session>();
   session->request.prompt = "hi";
   RunIds ids;
-  HeadHost host(cfg, session, ids);
+  HeadHost host(cfg, session, ids, *cfg.strategy, {}, SessionSeqs{}, nullptr);
   Batch b;
   b.add(1, 0, seq_bit(0), true);
   std::vector<uint64_t> runs;

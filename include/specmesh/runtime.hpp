@@ -88,7 +88,8 @@ class Runtime {
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
-  // Starts a generation; on_token runs on a runtime thread for every accepted token. Never
+  // Starts a generation; on_token runs on a runtime thread for every accepted token (the head's,
+  // which every session shares: a callback that blocks holds all of them up). Never
   // throws for a bad request: the result carries the error and its ErrorKind (invalid_request
   // for an unknown strategy, a strategy whose roles the topology lacks, or a parameter outside
   // its schema; busy past RuntimeOptions::max_queued; context_full for a prompt longer than

@@ -1,6 +1,7 @@
 #include "specmesh/runtime.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/actor_cast.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/send.hpp>
 #include <spdlog/spdlog.h>
@@ -130,7 +131,7 @@ Runtime::~Runtime() {
 struct Generation::State {
   SessionPtr session;
   std::future<GenerationResult> result;
-  caf::actor head;
+  caf::actor_addr head;  // weak: a Generation may outlive its runtime
 };
 
 Generation::Generation(std::shared_ptr<State> state) : state_(std::move(state)) {}
@@ -139,7 +140,7 @@ GenerationResult Generation::wait() { return state_->result.get(); }
 void Generation::cancel() {
   state_->session->cancel = true;
   // The head ends the session now and cancels its runs in the pipelines.
-  if (state_->head) caf::anon_send(state_->head, cancel_atom::value, state_->session);
+  if (auto head = caf::actor_cast<caf::actor>(state_->head)) caf::anon_send(head, cancel_atom::value, state_->session);
 }
 
 std::unique_ptr<Generation> Runtime::submit(GenerationRequest request, StreamCallback on_token) {
@@ -177,8 +178,8 @@ std::unique_ptr<Generation> Runtime::submit(GenerationRequest request, StreamCal
                   ErrorKind::busy);
   }
   s->on_finished = [open = m.open] { --*open; };
-  state->head = m.nodes[0]->head();
-  caf::anon_send(state->head, generate_atom::value, s);
+  state->head = m.nodes[0]->head().address();
+  caf::anon_send(m.nodes[0]->head(), generate_atom::value, s);
   return std::make_unique<Generation>(std::move(state));
 }
 
