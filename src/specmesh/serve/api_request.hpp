@@ -28,7 +28,7 @@ struct CompletionOptions {
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage: a last chunk with the usage
   std::string model;              // as requested; empty when not given
-  // The "specmesh" extension: {"strategy": "spec", "params": {"n_draft": 6}, "ignore_eos": true};
+  // The "specmesh" extension: {"strategy": NAME, "params": {"n_draft": 6}, "ignore_eos": true};
   // the runtime checks the strategy and its parameters (GenerationRequest::strategy, ::params).
   std::string strategy;           // empty: the server's
   std::vector<std::pair<std::string, std::string>> params;  // as `--param KEY=VALUE` takes them
