@@ -23,7 +23,7 @@ const fs::path kRoot = SPECMESH_SOURCE_DIR;
 // Lowest first; a folder may include its own files and those of lower levels only.
 const std::map<std::string, int> kLevel = {
     {"kernels", 0}, {"messages", 0}, {"log", 0}, {"formats", 1}, {"tokenizer", 2}, {"devices", 2}, {"model", 3},
-    {"speculation", 4}, {"transport", 5}, {"actors", 6}, {"runtime", 7}, {"chat", 8}, {"cli", 8}};
+    {"speculation", 4}, {"transport", 5}, {"actors", 6}, {"runtime", 7}, {"chat", 8}, {"serve", 9}, {"cli", 10}};
 
 struct Source {
   std::string folder;                 // layer folder, or "api" for include/specmesh

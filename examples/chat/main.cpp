@@ -9,16 +9,20 @@
 // with other front ends), the generation from the backend below. A model with a chat template
 // (GGUF tokenizer.chat_template, or --chat-template FILE) gets its prompts rendered by it;
 // other vocabularies made for chat get a plain "User:/Assistant:" framing, small story models
-// just continue the text. /reset starts over; EOF or /quit ends.
+// just continue the text. /reset starts over, /stats tells how the last reply went,
+// /strategy NAME decodes the next replies with another strategy; EOF or /quit ends. Ctrl-C
+// stops the reply being written (the conversation goes on); at the prompt it ends the program.
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -34,15 +38,18 @@
 #include "specmesh/chat/framing.hpp"
 #include "specmesh/chat/jinja.hpp"
 #include "specmesh/chat/stop.hpp"
+#include "specmesh/cli/interrupt.hpp"
 #include "specmesh/model/generate.hpp"
 #include "specmesh/runtime.hpp"
+#include "specmesh/speculation/registry.hpp"
 
 namespace specmesh {
 namespace {
 
 struct Options {
   std::string model, tokenizer, draft, strategy, topology, specmesh_binary, mode = "auto", chat_template;
-  bool spawn = false;
+  std::string log_level;
+  bool spawn = false, ignore_eos = false;
   int n_predict = 96, threads = 0, n_ctx = 0;
   float temp = 0.8f, top_p = 0.95f;
   int top_k = 40;
@@ -79,24 +86,47 @@ class Backend {
     }
   }
   const Tokenizer& tokenizer() const { return rt_->tokenizer(); }
-  int context_tokens() const { return rt_->context_size(); }  // prompt and reply must fit in this many
-  // Continues `prompt`; returns an error message, empty on success.
-  std::string complete(const std::string& prompt, bool parse_special, const GenerateParams& p, const PieceSink& sink) {
-    GenerationRequest req{.prompt = prompt, .n_predict = p.n_predict, .sampling = p.sampling, .parse_special = parse_special};
+  int context_tokens() const { return rt_->session_context(); }  // prompt and reply must fit in this many
+  const std::string& default_strategy() const { return rt_->topology().run.strategy; }
+  // Continues `prompt` with `strategy` (empty: the configuration's); a signal watched by
+  // `interrupts` cancels it. The result keeps the text and statistics of what was generated.
+  GenerationResult complete(const std::string& prompt, bool parse_special, const GenerateParams& p, bool ignore_eos,
+                            const std::string& strategy, Interrupts& interrupts, const PieceSink& sink) {
+    GenerationRequest req;
+    req.prompt = prompt;
+    req.n_predict = p.n_predict;
+    req.sampling = p.sampling;
+    req.ignore_eos = ignore_eos;
+    req.parse_special = parse_special;
+    req.strategy = strategy;
     bool more = true;
     size_t streamed = 0;
-    GenerationResult r = rt_->generate(req, [&](int32_t, const std::string& piece) {
+    auto generation = rt_->submit(req, [&](int32_t, const std::string& piece) {
       streamed += piece.size();
       return more = sink(piece);
     });
+    interrupts.watch(generation.get());
+    GenerationResult r = generation->wait();
+    interrupts.watch(nullptr);
     // Bytes of an unfinished UTF-8 character held back at the end reach only the result's text.
     if (more && r.text.size() > streamed) sink(r.text.substr(streamed));
-    return r.error;
+    return r;
   }
 
  private:
   std::unique_ptr<Runtime> rt_;
 };
+
+// /stats: how the last reply went.
+void print_stats(const GenerationResult& r) {
+  const Metrics& m = r.metrics;
+  std::printf("strategy %s: %zu prompt tokens, %zu generated; first token %.1f ms; %.1f tokens/s", m.strategy.c_str(),
+              r.prompt_ids.size(), r.ids.size(), m.ttft_ms, m.decode_tokens_per_s);
+  if (m.drafted > 0)
+    std::printf("; acceptance %.2f (%lld of %lld drafted), %.2f tokens per verification", m.acceptance_rate(),
+                static_cast<long long>(m.accepted), static_cast<long long>(m.drafted), m.tokens_per_verification());
+  std::printf("\n");
+}
 
 std::string read_template(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -108,10 +138,7 @@ std::string read_template(const std::string& path) {
 }
 
 int chat(const Options& o) {
-  // The conversation owns stdout; runtime logs go to stderr, warnings and worse only.
-  spdlog::set_default_logger(spdlog::stderr_color_mt("specmesh-chat"));
-  spdlog::set_level(spdlog::level::warn);
-
+  Interrupts interrupts;  // before the runtime starts any thread
   auto backend = std::make_unique<Backend>(o);
   const Tokenizer& tok = backend->tokenizer();
   const std::string chat_template = o.chat_template.empty() ? std::string() : read_template(o.chat_template);
@@ -131,9 +158,12 @@ int chat(const Options& o) {
 
   const bool interactive = ::isatty(STDIN_FILENO);
   if (interactive)
-    std::printf("specmesh-chat (%s mode): type a line and press enter; /reset starts over, /quit or Ctrl-D ends\n",
-                std::string(format->name()).c_str());
+    std::printf("specmesh-chat (%s mode, strategy %s): type a line and press enter; Ctrl-C stops a reply; /reset, "
+                "/stats, /strategy NAME; /quit or Ctrl-D ends\n",
+                std::string(format->name()).c_str(), backend->default_strategy().c_str());
   Conversation conv;
+  std::string strategy;  // empty: the configuration's
+  std::optional<GenerationResult> last;
   std::string line;
   while (true) {
     if (interactive) std::printf("> ");
@@ -142,6 +172,25 @@ int chat(const Options& o) {
     if (!interactive) std::printf("> %s\n", line.c_str());  // a transcript of piped input
     if (line == "/reset") {
       conv.reset();
+      std::printf("(conversation cleared)\n");
+      continue;
+    }
+    if (line == "/stats") {
+      if (last) print_stats(*last);
+      else std::printf("(no reply yet)\n");
+      continue;
+    }
+    if (line == "/strategy" || line.rfind("/strategy ", 0) == 0) {
+      const std::string name = line.size() > 10 ? line.substr(10) : "";
+      if (name.empty()) {
+        std::printf("strategy %s (registered: %s)\n", (strategy.empty() ? backend->default_strategy() : strategy).c_str(),
+                    strategy_names().c_str());
+      } else if (!find_strategy(name)) {
+        std::printf("unknown strategy '%s' (registered: %s)\n", name.c_str(), strategy_names().c_str());
+      } else {
+        strategy = name;
+        std::printf("(strategy %s from the next reply on)\n", name.c_str());
+      }
       continue;
     }
     if (line.empty()) continue;
@@ -155,17 +204,23 @@ int chat(const Options& o) {
       std::fputs(text.c_str(), stdout);
       std::fflush(stdout);
     };
-    std::string error = backend->complete(prompt, format->parse_special(), gp, [&](const std::string& piece) {
-      show(stop.feed(piece));
-      return !stop.stopped();
-    });
+    GenerationResult r = backend->complete(prompt, format->parse_special(), gp, o.ignore_eos, strategy, interrupts,
+                                           [&](const std::string& piece) {
+                                             show(stop.feed(piece));
+                                             return !stop.stopped();
+                                           });
     show(stop.flush());
+    if (r.finish_reason == FinishReason::cancelled) std::printf(" [stopped]");
     std::printf("\n");
-    if (!error.empty()) {
-      std::fprintf(stderr, "specmesh-chat: %s\n", error.c_str());
-      return 1;
+    if (!r.ok()) {
+      // The conversation goes on without this turn: a refused strategy, a full context, a
+      // node that went down and came back are not the end of the chat.
+      std::fprintf(stderr, "specmesh-chat: %s\n", r.error.c_str());
+      conv = Conversation(std::vector<ChatMessage>(conv.messages().begin(), conv.messages().end() - 1));
+      continue;
     }
     conv.add(ChatRole::Assistant, reply);
+    last = std::move(r);
   }
   return 0;
 }
@@ -199,7 +254,14 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", o.top_k, "keep the k most likely tokens (0: off)");
   app.add_option("--top-p", o.top_p, "nucleus sampling threshold (1: off)");
   app.add_option("--seed", o.seed, "sampling seed (default: random)");
+  app.add_flag("--ignore-eos", o.ignore_eos, "do not end a reply at the end-of-sequence token");
+  app.add_option("--log-level", o.log_level, "runtime log on stderr (default: $SPECMESH_LOG, else warn)")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
   CLI11_PARSE(app, argc, argv);
+  // The conversation owns stdout; runtime logs go to stderr, warnings and worse unless asked.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("specmesh-chat"));
+  const char* env_level = std::getenv("SPECMESH_LOG");
+  spdlog::set_level(spdlog::level::from_str(!o.log_level.empty() ? o.log_level : env_level ? env_level : "warn"));
   if (o.model.empty() && o.topology.empty()) {
     std::fprintf(stderr, "specmesh-chat: give a model (-m) or a topology (-c)\n%s", app.help().c_str());
     return 2;

@@ -25,6 +25,7 @@ Interrupts::~Interrupts() {
 void Interrupts::watch(Generation* generation) {
   std::lock_guard<std::mutex> lk(mu_);
   generation_ = generation;
+  if (generation) received_ = 0;
 }
 
 void Interrupts::loop() {

@@ -1,7 +1,7 @@
-// SIGINT (Ctrl-C) and SIGTERM while a command runs a topology. The first one cancels the
-// generation being watched, whose tokens so far are then printed as usual and whose node
-// processes are stopped in order; before a generation is watched it ends the process at once,
-// as does a second signal. Node processes never outlive this one either way (see
+// SIGINT (Ctrl-C) and SIGTERM while a command (or specmesh-chat) runs a topology. The first
+// one cancels the generation being watched, whose tokens so far are then printed as usual and
+// whose node processes are stopped in order; before a generation is watched it ends the
+// process at once, as does a second signal. Node processes never outlive this one either way (see
 // runtime/node_processes.hpp).
 #pragma once
 
@@ -25,7 +25,8 @@ class Interrupts {
   Interrupts(const Interrupts&) = delete;
   Interrupts& operator=(const Interrupts&) = delete;
 
-  // The generation the next signal cancels; nullptr: a signal ends the process.
+  // The generation the next signal cancels (received() starts again from 0); nullptr: a signal
+  // ends the process. A program may watch one generation after another (specmesh-chat).
   void watch(Generation* generation);
   // The signal that cancelled the generation, or 0.
   int received() const { return received_.load(); }
