@@ -5,6 +5,8 @@ with (tests/data/dflash/).
 
     tools/dflash_drafter.py fixture OUTDIR     random tiny drafter + inputs and outputs of three
                                                draft steps, computed without a cache
+    tools/dflash_drafter.py train DATA OUTDIR  train a drafter on `specmesh dflash-data` output
+                                               (the target's own samples and taps)
 
 Needs python3-torch (Debian; scripts/tools-deps.sh installs it). The forward here follows the
 published model (z-lab dflash/model.py) and recomputes the whole context every step, so it checks
@@ -139,34 +141,47 @@ class Drafter:
         self.p = {k: v.detach().to(dtype).requires_grad_() for k, v in self.p.items()}
         return self
 
-    def __call__(self, embd, taps):
-        """embd [N, B, H]: blocks at positions C .. C+B-1; taps [N, C, n_taps*H]: the context.
-        Returns [N, B, H] after the final norm (no cache: the whole context every call)."""
+    def forward(self, embd, anchors, taps):
+        """Blocks of one sequence. embd [K, B, H]: block k sits at positions anchors[k] ..
+        anchors[k]+B-1 and sees the context rows before anchors[k] and its own rows, all of them
+        (non-causal); taps [C, n_taps*H]: the sequence's context. Returns [K, B, H] after the
+        final norm. At inference (one block, every context row before it) this is the published
+        forward; in training it is SpecForge's layout: blocks never see each other."""
         cfg, eps = self.cfg, self.cfg.eps
-        n, B, _ = embd.shape
-        C = taps.shape[1]
+        K, B, _ = embd.shape
+        C = taps.shape[0]
         D, G = cfg.head_dim, cfg.heads // cfg.kv_heads
-        ctx = rms_norm(taps @ self.p["fc.weight"].T, self.p["hidden_norm.weight"], eps)
-        kpos = torch.arange(C + B)
-        qpos = torch.arange(C, C + B)
+        ctx = rms_norm(taps @ self.p["fc.weight"].T, self.p["hidden_norm.weight"], eps)  # [C, H]
+        bpos = (anchors[:, None] + torch.arange(B)[None, :]).reshape(-1)  # [K*B]
+        visible = torch.arange(C)[None, :] < anchors[:, None]  # [K, C]
+        bias = torch.zeros(K, 1, 1, C + B, dtype=embd.dtype)
+        bias[:, 0, 0, :C].masked_fill_(~visible, float("-inf"))
         x = embd
         for i in range(cfg.layers):
             w = lambda name: self.p[f"layers.{i}.{name}.weight"]
             h = rms_norm(x, w("input_layernorm"), eps)
-            q = (h @ w("self_attn.q_proj").T).view(n, B, cfg.heads, D)
-            kin = torch.cat([ctx, h], 1)
-            k = (kin @ w("self_attn.k_proj").T).view(n, C + B, cfg.kv_heads, D)
-            v = (kin @ w("self_attn.v_proj").T).view(n, C + B, cfg.kv_heads, D)
-            q = rope(rms_norm(q, w("self_attn.q_norm"), eps), qpos, cfg.theta)
-            k = rope(rms_norm(k, w("self_attn.k_norm"), eps), kpos, cfg.theta)
-            k = k.repeat_interleave(G, dim=2)
-            v = v.repeat_interleave(G, dim=2)
-            s = torch.einsum("nbhd,nkhd->nhbk", q, k) / math.sqrt(D)
-            a = torch.einsum("nhbk,nkhd->nbhd", s.softmax(-1), v).reshape(n, B, cfg.heads * D)
-            x = x + a @ w("self_attn.o_proj").T
+            q = (h @ w("self_attn.q_proj").T).view(K * B, cfg.heads, D)
+            q = rope(rms_norm(q, w("self_attn.q_norm"), eps), bpos, cfg.theta).view(K, B, cfg.heads, D)
+            kc = (ctx @ w("self_attn.k_proj").T).view(C, cfg.kv_heads, D)
+            kc = rope(rms_norm(kc, w("self_attn.k_norm"), eps), torch.arange(C), cfg.theta)
+            vc = (ctx @ w("self_attn.v_proj").T).view(C, cfg.kv_heads, D)
+            kb = (h @ w("self_attn.k_proj").T).view(K * B, cfg.kv_heads, D)
+            kb = rope(rms_norm(kb, w("self_attn.k_norm"), eps), bpos, cfg.theta).view(K, B, cfg.kv_heads, D)
+            vb = (h @ w("self_attn.v_proj").T).view(K, B, cfg.kv_heads, D)
+            kc, vc = kc.repeat_interleave(G, dim=1), vc.repeat_interleave(G, dim=1)
+            kb, vb = kb.repeat_interleave(G, dim=2), vb.repeat_interleave(G, dim=2)
+            s = torch.cat([torch.einsum("kbhd,chd->khbc", q, kc), torch.einsum("kbhd,kehd->khbe", q, kb)], -1)
+            p = (s / math.sqrt(D) + bias).softmax(-1)
+            a = torch.einsum("khbc,chd->kbhd", p[..., :C], vc) + torch.einsum("khbe,kehd->kbhd", p[..., C:], vb)
+            x = x + a.reshape(K, B, cfg.heads * D) @ w("self_attn.o_proj").T
             g = rms_norm(x, w("post_attention_layernorm"), eps)
             x = x + (torch.nn.functional.silu(g @ w("mlp.gate_proj").T) * (g @ w("mlp.up_proj").T)) @ w("mlp.down_proj").T
         return rms_norm(x, self.p["norm.weight"], eps)
+
+    def __call__(self, embd, taps):
+        """embd [N, B, H]: blocks at positions C .. C+B-1 after the whole context taps [C, n_taps*H]."""
+        C = taps.shape[0]
+        return self.forward(embd, torch.full((embd.shape[0],), C, dtype=torch.long), taps)
 
 
 def save_drafter(model, outdir, dtype=torch.float16):
@@ -209,11 +224,85 @@ def fixture(outdir):
     with torch.no_grad():
         for s, (_, c) in enumerate(steps):
             embd = torch.randn(1, cfg.block, cfg.hidden)
-            y = ref(embd.double(), taps[:c].double()[None])[0]
+            y = ref(embd.double(), taps[:c].double())[0]
             out[f"embd{s}"] = embd[0].float()
             out[f"out{s}"] = y.float()
     out["steps"] = torch.tensor([float(v) for st in steps for v in st])
     write_safetensors(os.path.join(outdir, "reference.safetensors"), out)
+
+
+# ---------------------------------------------------------------- training
+
+def train(args):
+    """Trains a drafter on `specmesh dflash-data` output: blocks at random anchors of the
+    target's own samples, cross-entropy of rows 1..B-1 against the tokens that followed, weighted
+    by exp(-(k-1)/gamma), through the target's (frozen) classifier."""
+    torch.manual_seed(args.seed)
+    data = read_safetensors(args.data)
+    with open(args.data, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        meta = json.loads(f.read(n)).get("__metadata__", {})
+    tokens = data["tokens"].long()
+    offsets = data["offsets"].long().tolist()
+    taps = data["taps"].float()
+    tok_embd, output = data["tok_embd"].float(), data["output"].float()
+    V, H = tok_embd.shape
+    layer_ids = [int(i) for i in meta["target_layer_ids"].split(",")]
+    cfg = Config(hidden=H, ff=args.ff, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
+                 head_dim=H // args.heads, block=args.block, target_layers=int(meta["num_target_layers"]),
+                 taps=layer_ids, mask_id=V, vocab=V, eps=float(meta.get("rms_norm_eps", 1e-5)), theta=10000.0)
+    m = Drafter(cfg, own_mask=True)
+    opt = torch.optim.AdamW(m.parameters(), lr=args.lr, weight_decay=0.01)
+    B = cfg.block
+    decay = torch.exp(-(torch.arange(1, B, dtype=torch.float32) - 1) / args.gamma)
+    seqs = [(offsets[i], offsets[i + 1]) for i in range(len(offsets) - 1) if offsets[i + 1] - offsets[i] > B + 2]
+    n_eval = max(1, len(seqs) // 20)
+    evals, seqs = seqs[:n_eval], seqs[n_eval:]
+    steps = args.epochs * len(seqs)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=steps, pct_start=0.05)
+
+    def blocks(b, e, k):
+        n = e - b
+        anchors = torch.randint(1, n - 1, (k,))  # the anchor's own hidden state is not known yet
+        idx = anchors[:, None] + torch.arange(B)[None, :]
+        valid = idx < n
+        toks = tokens[b:e][idx.clamp(max=n - 1)]
+        embd = torch.cat([tok_embd[toks[:, :1]], m.p["mask_embedding"].expand(k, B - 1, H)], 1)
+        return anchors, embd, toks[:, 1:], valid[:, 1:]
+
+    def loss_of(b, e, k):
+        anchors, embd, labels, valid = blocks(b, e, k)
+        out = m.forward(embd, anchors, taps[b:e])
+        logits = out[:, 1:] @ output.T
+        ce = torch.nn.functional.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), reduction="none").view(labels.shape)
+        w = decay[None, :] * valid
+        acc = ((logits.argmax(-1) == labels) & valid)
+        # expected accepted length under greedy acceptance: the run of correct rows from row 1
+        run = torch.cumprod(acc.float(), 1).sum(1).mean()
+        return (ce * w).sum() / w.sum(), run
+
+    step = 0
+    for epoch in range(args.epochs):
+        order = torch.randperm(len(seqs)).tolist()
+        for j in order:
+            b, e = seqs[j]
+            loss, _ = loss_of(b, e, args.anchors)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            step += 1
+            if step % args.log_every == 0:
+                print(f"step {step}/{steps} loss {loss.item():.3f}", flush=True)
+        with torch.no_grad():
+            torch.manual_seed(0)
+            runs = [loss_of(b, e, args.anchors)[1].item() for b, e in evals]
+        print(f"epoch {epoch + 1}: held-out mean accepted run {sum(runs) / len(runs):.2f} (tau ~ {1 + sum(runs) / len(runs):.2f})",
+              flush=True)
+        save_drafter(m, args.out, torch.float16)
+    size = os.path.getsize(os.path.join(args.out, "model.safetensors"))
+    print(f"wrote {args.out}: {sum(p.numel() for p in m.parameters())} parameters, {size} bytes")
 
 
 def main():
@@ -221,10 +310,27 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fixture", help="write the C++ test's reference drafter and outputs")
     f.add_argument("outdir")
+    t = sub.add_parser("train", help="train a drafter on `specmesh dflash-data` output")
+    t.add_argument("data")
+    t.add_argument("out")
+    t.add_argument("--layers", type=int, default=1)
+    t.add_argument("--heads", type=int, default=8)
+    t.add_argument("--kv-heads", type=int, default=4)
+    t.add_argument("--ff", type=int, default=384)
+    t.add_argument("--block", type=int, default=8)
+    t.add_argument("--anchors", type=int, default=32, help="blocks per sequence and step")
+    t.add_argument("--epochs", type=int, default=4)
+    t.add_argument("--lr", type=float, default=3e-3)
+    t.add_argument("--gamma", type=float, default=4.0, help="loss weight decay over block rows")
+    t.add_argument("--seed", type=int, default=15)
+    t.add_argument("--threads", type=int, default=1)
+    t.add_argument("--log-every", type=int, default=100)
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(getattr(args, "threads", 1))
     if args.cmd == "fixture":
         fixture(args.outdir)
+    elif args.cmd == "train":
+        train(args)
 
 
 if __name__ == "__main__":

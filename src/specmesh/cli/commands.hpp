@@ -13,5 +13,6 @@ void register_run(CLI::App& app);
 void register_node(CLI::App& app);
 void register_strategies(CLI::App& app);
 void register_keygen(CLI::App& app);
+void register_dflash_data(CLI::App& app);
 
 }  // namespace specmesh

@@ -29,7 +29,12 @@ constexpr std::string_view kOtherDTypes[] = {"BOOL", "U8", "I8", "I16", "U16", "
                                              "F64", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3",
                                              "F6_E3M2", "C64"};
 
-std::string in_quotes(std::string_view s) { return "'" + std::string(s) + "'"; }
+std::string in_quotes(std::string_view s) {
+  std::string q(1, '\'');
+  q.append(s);
+  q.push_back('\'');
+  return q;
+}
 
 std::string range(uint64_t b, uint64_t e) { return "[" + std::to_string(b) + ", " + std::to_string(e) + ")"; }
 
@@ -228,9 +233,9 @@ std::vector<uint8_t> safetensors_bytes(const std::vector<SafetensorsEntry>& entr
   }
   std::string text = header.dump();
   text.resize((text.size() + 7) / 8 * 8, ' ');  // keeps the data 8-byte aligned, as writers do
-  std::vector<uint8_t> out(8);
-  const uint64_t n = text.size();
-  std::memcpy(out.data(), &n, 8);
+  std::vector<uint8_t> out;
+  out.reserve(8 + text.size() + data.size());
+  for (int k = 0; k < 8; ++k) out.push_back(uint8_t(uint64_t(text.size()) >> (8 * k)));  // little-endian length
   out.insert(out.end(), text.begin(), text.end());
   out.insert(out.end(), data.begin(), data.end());
   return out;

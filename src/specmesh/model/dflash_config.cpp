@@ -94,6 +94,28 @@ std::vector<int> dflash_default_target_layers(int n_target, int n) {
   return ids;
 }
 
+std::string dflash_config_json(const DFlashConfig& c) {
+  json j = {{"architectures", {"DFlashDraftModel"}},
+            {"model_type", "qwen3"},
+            {"hidden_size", c.hidden_size},
+            {"intermediate_size", c.intermediate_size},
+            {"num_hidden_layers", c.n_layer},
+            {"num_attention_heads", c.n_head},
+            {"num_key_value_heads", c.n_head_kv},
+            {"head_dim", c.head_dim},
+            {"block_size", c.block_size},
+            {"num_target_layers", c.num_target_layers},
+            {"dflash_config", {{"mask_token_id", c.mask_token_id}, {"target_layer_ids", c.target_layer_ids}}},
+            {"rms_norm_eps", c.rms_eps},
+            {"rope_theta", c.rope_theta},
+            {"rope_scaling", nullptr},
+            {"hidden_act", "silu"},
+            {"attention_bias", false},
+            {"layer_types", std::vector<std::string>(size_t(c.n_layer), "full_attention")}};
+  if (c.vocab_size) j["vocab_size"] = c.vocab_size;
+  return j.dump(2) + "\n";
+}
+
 DFlashConfig parse_dflash_config(const std::string& text, const std::string& path) {
   json root;
   try {

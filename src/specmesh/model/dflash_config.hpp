@@ -45,6 +45,9 @@ struct DFlashConfig {
 // Parses `text` (the contents of `path`); throws FormatError naming path, line and key.
 DFlashConfig parse_dflash_config(const std::string& text, const std::string& path);
 
+// The config as config.json text in the published layout (parse_dflash_config reads it back).
+std::string dflash_config_json(const DFlashConfig& c);
+
 // z-lab's default tap layers for a target of n_target layers and n taps.
 std::vector<int> dflash_default_target_layers(int n_target, int n);
 
