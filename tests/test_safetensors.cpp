@@ -144,7 +144,8 @@ TEST(Safetensors, RefusesOffsetsOutOfRangeAndWrongSizes) {
   EXPECT_REFUSED(raw_file(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[-1,7]}})", 8), "non-negative integer");
   EXPECT_REFUSED(raw_file(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", 8), "pair");
   EXPECT_REFUSED(raw_file(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8),
-                 "larger than the data buffer");
+                 "needs more than the data buffer (8 bytes)");
+  EXPECT_REFUSED(raw_file(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), "holds 8 bytes", "needs 12");
   EXPECT_REFUSED(raw_file(R"({"w":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", 8), "shape dimension");
   EXPECT_REFUSED(raw_file(R"({"w":{"dtype":"F32","shape":"2","data_offsets":[0,8]}})", 8), "shape is not an array");
   EXPECT_REFUSED(raw_file(R"({"w":{"dtype":"F32","data_offsets":[0,8]}})", 8), "tensor 'w' has no \"shape\"");

@@ -134,24 +134,6 @@ SafetensorsFile::SafetensorsFile(MappedFile file) : map_(std::move(file)) {
     }
     t.type = dt->type;
 
-    const json& shape = info["shape"];
-    if (!shape.is_array()) throw FormatError(p + ": " + what + ": shape is not an array");
-    // Products are bounded by the buffer as they grow, so none overflows.
-    unsigned __int128 elems = 1;
-    bool zero = false;
-    for (const json& d : shape) {
-      const uint64_t v = header_uint(d, p, what + " shape dimension");
-      if (v == 0) zero = true;
-      t.shape.push_back(int64_t(std::min<uint64_t>(v, uint64_t(std::numeric_limits<int64_t>::max()))));
-      if (!zero) {
-        elems *= v;
-        if (elems * dt->bytes > buffer)
-          throw FormatError(p + ": " + what + " of shape " + shape.dump() + " is larger than the data buffer (" +
-                            std::to_string(buffer) + " bytes)");
-      }
-    }
-    const uint64_t nbytes = zero ? 0 : uint64_t(elems) * dt->bytes;
-
     const json& offs = info["data_offsets"];
     if (!offs.is_array() || offs.size() != 2) throw FormatError(p + ": " + what + ": data_offsets is not a pair [begin, end]");
     const uint64_t b = header_uint(offs[0], p, what + " data_offsets[0]");
@@ -160,11 +142,28 @@ SafetensorsFile::SafetensorsFile(MappedFile file) : map_(std::move(file)) {
     if (e > buffer)
       throw FormatError(p + ": " + what + " data (bytes " + range(b, e) + ") lies outside the data buffer (" +
                         std::to_string(buffer) + " bytes)");
-    if (e - b != nbytes)
+
+    const json& shape = info["shape"];
+    if (!shape.is_array()) throw FormatError(p + ": " + what + ": shape is not an array");
+    // The product stops growing once it passes the tensor's bytes, so it never overflows.
+    unsigned __int128 nbytes = dt->bytes;
+    bool zero = false, capped = false;
+    for (const json& d : shape) {
+      const uint64_t v = header_uint(d, p, what + " shape dimension");
+      if (v == 0) zero = true;
+      t.shape.push_back(int64_t(std::min<uint64_t>(v, uint64_t(std::numeric_limits<int64_t>::max()))));
+      if (nbytes <= e - b) nbytes *= v;
+      else capped |= v > 1;
+    }
+    if (zero) nbytes = 0;
+    if (nbytes != e - b)
       throw FormatError(p + ": " + what + " holds " + std::to_string(e - b) + " bytes but its " + dname + " shape " +
-                        shape.dump() + " needs " + std::to_string(nbytes));
+                        shape.dump() + " needs " +
+                        (capped || nbytes > std::numeric_limits<uint64_t>::max()
+                             ? "more than the data buffer (" + std::to_string(buffer) + " bytes)"
+                             : std::to_string(uint64_t(nbytes))));
     t.data = map_.data() + data_offset_ + b;
-    t.nbytes = size_t(nbytes);
+    t.nbytes = size_t(nbytes);  // == e - b
     spans.push_back({b, e, tensors_.size()});
     tensors_.push_back(std::move(t));
   }
