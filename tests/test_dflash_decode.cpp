@@ -17,12 +17,12 @@ using namespace specmesh;
 
 namespace {
 
-struct Run {
+struct DraftRun {
   std::vector<int32_t> ids;
   DFlashStats stats;
 };
 
-Run run_dflash(const Model& target, const DFlashDrafter& d, const std::vector<int32_t>& prompt, int n, int block,
+DraftRun run_dflash(const Model& target, const DFlashDrafter& d, const std::vector<int32_t>& prompt, int n, int block,
                float temperature, uint64_t seed) {
   ContextParams cp;
   cp.n_ctx = 512;
@@ -34,7 +34,7 @@ Run run_dflash(const Model& target, const DFlashDrafter& d, const std::vector<in
   p.gen.sampling.temperature = temperature;
   p.gen.sampling.seed = seed;
   p.block = block;
-  Run r;
+  DraftRun r;
   r.stats = dflash_generate(ctx, d, pool, prompt, p, [&](int32_t t) {
     r.ids.push_back(t);
     return true;
@@ -61,7 +61,7 @@ std::vector<int32_t> run_ar(const Model& target, const std::vector<int32_t>& pro
 }
 
 // Every emitted token after the first comes from a step: sum of t * hist[t] over the steps.
-void expect_consistent(const Run& r, int block) {
+void expect_consistent(const DraftRun& r, int block) {
   int64_t emitted = 0;
   for (size_t t = 0; t < r.stats.tau_hist.size(); ++t) emitted += int64_t(t) * r.stats.tau_hist[t];
   EXPECT_EQ(emitted + 1, int64_t(r.ids.size()));
@@ -82,11 +82,11 @@ TEST(DFlashDecode, LosslessOnSyntheticQwen3WithARandomDrafter) {
   d->check_target(*target);
   const std::vector<int32_t> prompt = {1, 300, 17, 42, 99};
   for (int block : {6, 3}) {
-    const Run r = run_dflash(*target, *d, prompt, 40, block, 0.0f, 0);
+    const DraftRun r = run_dflash(*target, *d, prompt, 40, block, 0.0f, 0);
     EXPECT_EQ(r.ids, run_ar(*target, prompt, 40, 0.0f, 0)) << "block " << block;
     expect_consistent(r, block);
   }
-  const Run hot = run_dflash(*target, *d, prompt, 40, 6, 1.0f, 1234);
+  const DraftRun hot = run_dflash(*target, *d, prompt, 40, 6, 1.0f, 1234);
   EXPECT_EQ(hot.ids, run_ar(*target, prompt, 40, 1.0f, 1234));
   expect_consistent(hot, 6);
 }
@@ -100,10 +100,12 @@ TEST(DFlashDecode, LosslessOnStoriesTarget) {
   auto d = DFlashDrafter::load(dir.path);
   d->check_target(*target);
   const std::vector<int32_t> prompt = target->tokenizer().encode_prompt("Once upon a time");
-  const Run r = run_dflash(*target, *d, prompt, 60, 8, 0.0f, 0);
+  const DraftRun r = run_dflash(*target, *d, prompt, 60, 8, 0.0f, 0);
   EXPECT_EQ(r.ids, run_ar(*target, prompt, 60, 0.0f, 0));
   expect_consistent(r, 8);
-  const Run hot = run_dflash(*target, *d, prompt, 60, 8, 1.0f, 77);
+  std::printf("random drafter on stories-target-1M, block 8: tau %.3f over %lld steps\n", r.stats.tau(),
+              (long long)r.stats.steps);
+  const DraftRun hot = run_dflash(*target, *d, prompt, 60, 8, 1.0f, 77);
   EXPECT_EQ(hot.ids, run_ar(*target, prompt, 60, 1.0f, 77));
 }
 
@@ -121,4 +123,38 @@ TEST(DFlashDecode, RefusesAContextWithoutTheTaps) {
   EXPECT_THROW(dflash_generate(ctx, *d, pool, {1, 2}, p, [](int32_t) { return true; }), std::invalid_argument);
   p.gen.n_predict = 100;
   EXPECT_THROW(dflash_generate(ctx, *d, pool, {1, 2}, p, [](int32_t) { return true; }), std::invalid_argument);
+}
+
+// The committed drafter trained for stories-target-1M (models/dflash-stories-target-1M, recipe in
+// its README): lossless, and its acceptance at block size 8 over 20 prompts (tau = mean tokens a
+// step emits, the mean accepted length plus one), printed with its histogram.
+TEST(DFlashDecode, TrainedStoriesDrafter) {
+  SPECMESH_REQUIRE_REFDATA();
+  auto target = Model::load(specmesh::test::refdata("gguf-models/stories-target-1M.gguf"));
+  auto d = DFlashDrafter::load(std::string(SPECMESH_SOURCE_DIR) + "/models/dflash-stories-target-1M");
+  d->check_target(*target);
+  EXPECT_NE(d->mask_embedding(), nullptr);  // the stories vocabulary has no spare row
+  const char* starts[] = {"Once upon a time", "One day", "Tom and Sue", "The little dog", "Lily wanted",
+                          "There was a big", "The sun was", "Ben had a red", "A girl named Mia", "The cat sat",
+                          "Mom said", "In the park", "The boy found", "Anna and her mom", "It was a rainy day",
+                          "The bird flew", "Max liked to", "Sam saw a", "The old man", "Once there was a bunny"};
+  int64_t steps = 0, accepted = 0;
+  std::vector<int64_t> hist(9, 0);
+  for (const char* s : starts) {
+    const std::vector<int32_t> prompt = target->tokenizer().encode_prompt(s);
+    const DraftRun r = run_dflash(*target, *d, prompt, 128, 8, 0.0f, 0);
+    ASSERT_EQ(r.ids, run_ar(*target, prompt, 128, 0.0f, 0)) << s;
+    expect_consistent(r, 8);
+    steps += r.stats.steps;
+    accepted += r.stats.accepted;
+    for (size_t t = 0; t < hist.size(); ++t) hist[t] += r.stats.tau_hist[t];
+  }
+  const double tau = double(accepted + steps) / double(steps);
+  std::string h;
+  for (size_t t = 1; t < hist.size(); ++t) h += " " + std::to_string(t) + ":" + std::to_string(hist[t]);
+  std::printf("trained drafter, block 8, 20 prompts x 128 tokens: tau %.3f over %lld steps; histogram%s\n", tau,
+              (long long)steps, h.c_str());
+  // A random drafter stays at tau ~1.0 (LosslessOnStoriesTarget prints it); this one (one epoch, see its README) reaches ~1.36,
+  // short of the goal of 2.5 at block size 8.
+  EXPECT_GE(tau, 1.25);
 }

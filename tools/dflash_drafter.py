@@ -252,6 +252,8 @@ def train(args):
                  head_dim=H // args.heads, block=args.block, target_layers=int(meta["num_target_layers"]),
                  taps=layer_ids, mask_id=V, vocab=V, eps=float(meta.get("rms_norm_eps", 1e-5)), theta=10000.0)
     m = Drafter(cfg, own_mask=True)
+    if args.init:  # continue from a drafter written earlier (same shape)
+        m.p = {k: v.float().requires_grad_() for k, v in read_safetensors(os.path.join(args.init, "model.safetensors")).items()}
     opt = torch.optim.AdamW(m.parameters(), lr=args.lr, weight_decay=0.01)
     B = cfg.block
     decay = torch.exp(-(torch.arange(1, B, dtype=torch.float32) - 1) / args.gamma)
@@ -325,6 +327,7 @@ def main():
     t.add_argument("--seed", type=int, default=15)
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--log-every", type=int, default=100)
+    t.add_argument("--init", help="start from this drafter directory instead of random weights")
     args = ap.parse_args()
     torch.set_num_threads(getattr(args, "threads", 1))
     if args.cmd == "fixture":
