@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -161,6 +162,7 @@ TEST(DFlashDrafter, ForwardMatchesTheTrainingScriptsForward) {
     double max_err = 0;
     for (size_t i = 0; i < got.size(); ++i) max_err = std::max(max_err, double(std::abs(got[i] - want[i])));
     EXPECT_LT(max_err, 1e-3) << "step " << s << " pcc " << r;
+    std::printf("step %zu (%zu context rows): PCC %.7f, max |error| %.2e\n", s, total, r, max_err);
   }
 }
 
