@@ -1,5 +1,5 @@
 // Writes the seed corpora of the fuzz targets, small inputs that reach deep into each format,
-// in two sets (OUT_DIR/gguf, llama2c, messages, topology):
+// in two sets (OUT_DIR/gguf, llama2c, messages, safetensors, topology):
 //
 //   fuzz_seeds own SOURCE_DIR OUT_DIR       made here from code alone: committed in fuzz/corpus
 //   fuzz_seeds refdata REFDATA_DIR OUT_DIR  cut from the reference data: written before each fuzz
@@ -26,6 +26,7 @@
 
 #include "specmesh/formats/gguf.hpp"
 #include "specmesh/formats/gguf_writer.hpp"
+#include "specmesh/formats/safetensors.hpp"
 #include "specmesh/messages/protocol.hpp"
 #include "specmesh/model/synthetic.hpp"
 
@@ -421,6 +422,20 @@ void topology_seeds(const fs::path& source, const fs::path& out) {
 
 }  // namespace
 
+// --- safetensors ------------------------------------------------------------------------------
+
+// Drafter-shaped files in every dtype the reader takes, with metadata and an empty one.
+void safetensors_seeds(const fs::path& out) {
+  const std::vector<float> a = {1.0f, -2.0f, 0.5f, 3.0f, 0.25f, -1.5f}, b = {0.125f, 7.0f};
+  write_file(out / "f32-f16-bf16", safetensors_bytes({{"fc.weight", {2, 3}, a, DType::F32},
+                                                      {"norm.weight", {2}, b, DType::F16},
+                                                      {"layers.0.self_attn.q_norm.weight", {2, 1}, b, DType::BF16}},
+                                                     {{"format", "pt"}}));
+  write_file(out / "scalar-and-empty", safetensors_bytes({{"s", {}, std::span<const float>(a.data(), 1), DType::F32},
+                                                          {"z", {0, 4}, {}, DType::F16}}));
+  write_file(out / "no-tensors", safetensors_bytes({}));
+}
+
 int main(int argc, char** argv) {
   const std::string set = argc == 4 ? argv[1] : "";
   if (set != "own" && set != "refdata") {
@@ -431,7 +446,7 @@ int main(int argc, char** argv) {
   const fs::path tmp = fs::temp_directory_path() / ("specmesh-fuzz-seeds-" + std::to_string(::getpid()));
   try {
     const std::vector<std::string> dirs =
-        set == "own" ? std::vector<std::string>{"gguf", "llama2c", "messages", "topology"} : std::vector<std::string>{"gguf", "llama2c"};
+        set == "own" ? std::vector<std::string>{"gguf", "llama2c", "messages", "safetensors", "topology"} : std::vector<std::string>{"gguf", "llama2c"};
     for (const std::string& d : dirs) {
       fs::remove_all(out / d);
       fs::create_directories(out / d);
@@ -441,6 +456,7 @@ int main(int argc, char** argv) {
       gguf_seeds(out / "gguf", tmp);
       llama2c_seeds(out / "llama2c");
       message_seeds(out / "messages");
+      safetensors_seeds(out / "safetensors");
       topology_seeds(in, out / "topology");
     } else {
       gguf_refdata_seeds(in, out / "gguf", tmp);

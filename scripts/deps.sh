@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs the Debian (bookworm) packages specmesh builds against. Needs root (or sudo).
+# Installs the Debian (bookworm) packages specmesh builds against, or the packages named as
+# arguments (scripts/tools-deps.sh). Needs root (or sudo).
 set -euo pipefail
-pkgs=(build-essential cmake ninja-build pkg-config
+pkgs=("$@")
+[ ${#pkgs[@]} -gt 0 ] || pkgs=(build-essential cmake ninja-build pkg-config
       libcaf-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libspdlog-dev
       libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libicu-dev libcpp-httplib-dev
       libgtest-dev libbenchmark-dev ccache

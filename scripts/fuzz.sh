@@ -6,7 +6,7 @@
 # build-fuzz/seeds/<target>/ before the run, never committed) and what earlier runs found
 # (build-fuzz/corpus/<target>/).
 #
-#   scripts/fuzz.sh [SECONDS] [TARGET...]    targets: gguf llama2c messages topology (default: all)
+#   scripts/fuzz.sh [SECONDS] [TARGET...]    targets: gguf llama2c messages safetensors topology (default: all)
 #   scripts/fuzz.sh --toolchain              only install clang and libFuzzer if missing; fails
 #                                            when they cannot be had
 #   scripts/fuzz.sh --seeds                  rewrite fuzz/corpus/ (the committed seeds)
@@ -15,7 +15,7 @@
 # input is saved as build-fuzz/crashes/<target>/crash-* (reproduce: build-fuzz/fuzz_<target> FILE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-all_targets=(gguf llama2c messages topology)
+all_targets=(gguf llama2c messages safetensors topology)
 
 # clang with libFuzzer's runtime (Debian: clang, libclang-rt-dev), installed when missing.
 have_libfuzzer() {

@@ -14,5 +14,6 @@ void register_node(CLI::App& app);
 void register_strategies(CLI::App& app);
 void register_keygen(CLI::App& app);
 void register_serve(CLI::App& app);
+void register_dflash_data(CLI::App& app);
 
 }  // namespace specmesh

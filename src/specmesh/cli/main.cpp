@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   specmesh::register_strategies(app);
   specmesh::register_keygen(app);
   specmesh::register_serve(app);
+  specmesh::register_dflash_data(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Error& e) {

@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# Installs the Debian (bookworm) packages the Python tools in tools/ need, which the build does
+# not (scripts/deps.sh): tools/dflash_drafter.py needs PyTorch. Needs root (or sudo).
+set -euo pipefail
+exec "$(dirname "$0")/deps.sh" python3 python3-torch
