@@ -50,7 +50,7 @@ std::vector<Envelope> samples() {
   out.push_back(make_envelope(8, Activations{"target", 12, {}, {iota_tensor({3, 16}), iota_tensor({3, 2})}}));
   out.push_back(make_envelope(9, Logits{"target", {0, 2}, iota_tensor({2, 32})}));
   out.push_back(make_envelope(10, KvCacheOp{"target", 2, {{KvOpKind::copy, 0, 3, 0, 17}, {KvOpKind::remove, 1, -1, 5, -1},
-                                            {KvOpKind::keep, 2, -1, -1, -1}}}));
+                                            {KvOpKind::keep, 2, -1, -1, -1}, retrieval_view_op(1, 40, 8, 16)}}));
   out.push_back(make_envelope(0, Cancel{{1, 2, UINT64_MAX}}));
   out.push_back(make_envelope(0, Heartbeat{123456789}));
   out.push_back(make_envelope(11, Error{ErrorCode::out_of_memory, "stage2", "KV cache full"}));
@@ -224,7 +224,7 @@ TEST(Messages, UnknownTypeAndEnumsAreRangeChecked) {
     pk.pack(0);
     pk.pack_array(1);
     pk.pack_array(5);
-    pk.pack(3);  // one past keep
+    pk.pack(6);  // one past unview
     pk.pack(0);
     pk.pack(0);
     pk.pack(0);

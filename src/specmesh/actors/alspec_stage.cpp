@@ -252,7 +252,7 @@ void schedule_kv_ops(const std::shared_ptr<Group>& g, uint64_t run, KvCacheOp op
   auto job = std::make_shared<DeviceJob>();
   job->run = [g, run, ops = std::move(ops), place = std::move(place)](ThreadPool&) -> WorkCost {
     try {
-      apply_kv_ops(g->ctx->kv(), ops.ops);
+      apply_kv_ops(*g->ctx, ops.ops);
       // An emptied cache starts a new session: both groups go back to the first priorities.
       for (const KvOp& op : ops.ops)
         if (op.kind == KvOpKind::remove && op.seq < 0 && op.pos_begin < 0 && op.pos_end < 0) g->dev->reset();

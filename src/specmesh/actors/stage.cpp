@@ -14,6 +14,7 @@
 
 #include "specmesh/devices/device.hpp"
 #include "specmesh/kernels/quant.hpp"
+#include "specmesh/model/retrieval_cache.hpp"
 
 namespace specmesh {
 
@@ -111,13 +112,25 @@ void report_refusal(const StageConfig& cfg, StageStats& stats, uint64_t run, con
   cfg.router->send(cfg.head_node, make_envelope(run, Error{ErrorCode::invalid_request, cfg.self_node, what}));
 }
 
-void apply_kv_ops(KvCache& kv, const std::vector<KvOp>& ops) {
+void apply_kv_ops(Context& ctx, const std::vector<KvOp>& ops) {
   if (std::string why = kv_ops_problem(ops); !why.empty()) throw std::invalid_argument(why);
+  KvCache& kv = ctx.kv();
+  auto unview = [&](int seq) {
+    for (int s = seq < 0 ? 0 : seq; s < (seq < 0 ? kMaxSeqs : seq + 1); ++s) ctx.set_view(s, nullptr);
+  };
   for (const KvOp& op : ops) {
     switch (op.kind) {
       case KvOpKind::copy: kv.seq_cp(op.seq, op.dst_seq, op.pos_begin, op.pos_end); break;
-      case KvOpKind::remove: kv.seq_rm(op.seq, op.pos_begin, op.pos_end); break;
+      case KvOpKind::remove:
+        kv.seq_rm(op.seq, op.pos_begin, op.pos_end);
+        if (op.seq < 0 && op.pos_begin < 0 && op.pos_end < 0) unview(-1);  // a new session
+        break;
       case KvOpKind::keep: kv.seq_keep(op.seq); break;
+      case KvOpKind::window: ctx.set_view(op.seq, std::make_shared<SinkWindowView>(op.pos_begin, op.pos_end)); break;
+      case KvOpKind::retrieve:
+        ctx.set_view(op.seq, build_retrieval_view(ctx, op.pos_begin, op.dst_seq, op.pos_end));
+        break;
+      case KvOpKind::unview: unview(op.seq); break;
     }
   }
 }
@@ -219,7 +232,7 @@ void schedule_kv_ops(StageState& st, uint64_t run, KvCacheOp ops, RunAdmission::
   auto job = std::make_shared<DeviceJob>();
   job->run = [ctx = st.ctx, cfg = st.cfg, run, ops = std::move(ops), place = std::move(place)](ThreadPool&) -> WorkCost {
     try {
-      apply_kv_ops(ctx->kv(), ops.ops);
+      apply_kv_ops(*ctx, ops.ops);
       // Cache operations travel down the pipeline in order with the runs.
       if (!ctx->has_head()) {
         KvCacheOp next = ops;

@@ -94,9 +94,10 @@ using retarget_atom = caf::atom_constant<caf::atom("retarget")>;
 // max_runs_per_sender below 1.
 caf::actor spawn_stage(caf::actor_system& sys, StageConfig cfg, std::shared_ptr<StageStats> stats);
 
-// Applies cache operations in order (llama.cpp sequence semantics); throws
-// std::invalid_argument for a sequence id out of range.
-void apply_kv_ops(KvCache& kv, const std::vector<KvOp>& ops);
+// Applies cache operations in order (llama.cpp sequence semantics, and the KV views of
+// protocol.hpp's view kinds, set on the context); throws std::invalid_argument for a sequence
+// id out of range or a view that cannot be built.
+void apply_kv_ops(Context& ctx, const std::vector<KvOp>& ops);
 
 // Runs a batch through a stage's context the way every stage kind does: with a timing
 // profile each layer takes its modelled share of the time, a cancel of `run` is honoured

@@ -214,8 +214,18 @@ struct AttentionSync {
 
 // KV-cache edits with llama.cpp semantics over position ranges [pos_begin, pos_end);
 // a negative bound means open-ended. dst_seq is used by copy only.
-enum class KvOpKind : uint8_t { copy = 0, remove = 1, keep = 2 };
-inline constexpr uint8_t kKvOpKindMax = 2;
+//
+// The view kinds set which cells attention of sequence `seq` reads (model/kv_view.hpp); the
+// cells themselves stay as they are:
+//   window:   StreamingLLM, the first pos_begin positions and the pos_end up to the query's.
+//   retrieve: a retrieval cache (TriForce) built on the stage from sequence 0's keys at
+//             positions [0, pos_begin) and the query of position pos_begin - 1, which must be
+//             the last token of the stage's last run: chunks of dst_seq positions, a budget of
+//             pos_end entries (see retrieval_view_op).
+//   unview:   seq reads every visible cell again (seq -1: every sequence).
+// A remove of every position of every sequence (seq -1) drops every view as well.
+enum class KvOpKind : uint8_t { copy = 0, remove = 1, keep = 2, window = 3, retrieve = 4, unview = 5 };
+inline constexpr uint8_t kKvOpKindMax = 5;
 struct KvOp {
   KvOpKind kind = KvOpKind::remove;
   int32_t seq = 0;
@@ -224,6 +234,16 @@ struct KvOp {
   int32_t pos_end = -1;
   friend bool operator==(const KvOp&, const KvOp&) = default;
 };
+inline KvOp window_view_op(int32_t seq, int32_t sink, int32_t recent) {
+  return {KvOpKind::window, seq, -1, sink, recent};
+}
+// Built right after a run whose last token sits at position fresh_from - 1 (its query scores
+// the chunks); positions from fresh_from on are the tokens generated since.
+inline KvOp retrieval_view_op(int32_t seq, int32_t fresh_from, int32_t chunk, int32_t budget) {
+  return {KvOpKind::retrieve, seq, chunk, fresh_from, budget};
+}
+inline KvOp unview_op(int32_t seq) { return {KvOpKind::unview, seq, -1, -1, -1}; }
+
 struct KvCacheOp {
   std::string pipeline;
   int32_t layer = 0;      // first layer of the stage it is addressed to
