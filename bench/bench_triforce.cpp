@@ -29,10 +29,21 @@
 #include "specmesh/model/generate.hpp"
 #include "specmesh/model/model.hpp"
 #include "specmesh/runtime.hpp"
+#include "specmesh/speculation/registry.hpp"
 
 using namespace specmesh;
 
 namespace {
+
+// The hierarchical strategy (the registered one with gamma1, gamma2 and a budget), plain
+// decoding, and standard speculation, found through the registry.
+const StrategyInfo& hierarchical() {
+  for (const StrategyInfo& s : strategies())
+    if (s.param("gamma1") && s.param("gamma2") && s.param("budget")) return s;
+  throw std::runtime_error("no registered strategy takes gamma1, gamma2 and budget");
+}
+const std::string& plain() { return default_strategy({kTargetRole}).name; }
+const std::string& standard() { return default_strategy({kTargetRole, kDraftRole}).name; }
 
 std::string topology(const std::string& target, const std::string& draft, const std::string& strategy,
                      const std::map<std::string, double>& params, int n_ctx, int n_predict, int threads) {
@@ -117,7 +128,7 @@ int table1(const std::string& refdata, const std::vector<std::string>& targets, 
         for (float temp : {0.0f, 0.6f, 1.0f}) {
           Tally t[2];
           for (int middle : {1, 2}) {
-            auto rt = Runtime::open(topology(path, draft, "triforce",
+            auto rt = Runtime::open(topology(path, draft, hierarchical().name,
                                              {{"budget", budget}, {"chunk", 8}, {"gamma1", 1}, {"gamma2", 1},
                                               {"use_draft", 0}, {"middle", middle}, {"rebuild_every", 0},
                                               {"rebuild_below", 0}, {"window", 64}},
@@ -164,16 +175,17 @@ int speed(const std::string& target, const std::string& draft, int prompt_tokens
     for (const auto& [k, v] : extra) p[k] = v;
     return p;
   };
-  std::vector<Variant> variants = {{"ar", "ar", {}},
-                                   {"triforce", "triforce", tri},
-                                   {"triforce retrieval only", "triforce", with({{"use_draft", 0}})},
-                                   {"triforce streaming middle", "triforce", with({{"middle", 2}})},
-                                   {"triforce draft only", "triforce", with({{"middle", 0}})},
-                                   {"spec", "spec", {{"n_draft", gamma2}, {"p_accept", 0}}}};
+  const std::string tri_name = hierarchical().name;
+  std::vector<Variant> variants = {{plain(), plain(), {}},
+                                   {tri_name, tri_name, tri},
+                                   {tri_name + " retrieval only", tri_name, with({{"use_draft", 0}})},
+                                   {tri_name + " streaming middle", tri_name, with({{"middle", 2}})},
+                                   {tri_name + " draft only", tri_name, with({{"middle", 0}})},
+                                   {standard(), standard(), {{"n_draft", gamma2}, {"p_accept", 0}}}};
   std::vector<int32_t> reference;
   double ar_tps = 0;
   for (const Variant& v : variants) {
-    if (!only.empty() && v.label != "ar" && v.label.find(only) == std::string::npos) continue;
+    if (!only.empty() && v.label != plain() && v.label.find(only) == std::string::npos) continue;
     std::vector<double> tps;
     Tally t;
     bool lossless = true;
@@ -190,7 +202,7 @@ int speed(const std::string& target, const std::string& draft, int prompt_tokens
     }
     std::sort(tps.begin(), tps.end());
     const double med = tps[tps.size() / 2];
-    if (v.label == "ar") ar_tps = med;
+    if (v.label == plain()) ar_tps = med;
     const double tok_ver = t.drafted > 0 ? 1 + t.accepted / (t.drafted / gamma2) : 0;
     std::printf("%-28s %10.2f %9.2fx %9.3f %9s %9.3f %8.0f %8s\n", v.label.c_str(), med, med / ar_tps, t.acceptance(),
                 t.drafted > 0 ? std::to_string(tok_ver).substr(0, 5).c_str() : "-", t.middle_acceptance(),
