@@ -151,6 +151,21 @@ void FakeHost::after_message() {
 
 void FakeHost::apply(Stage& st, const std::string& role, const KvOp& op) {
   if (op.seq >= kMaxSeqs || op.dst_seq >= kMaxSeqs) return error(role + ": cache operation on a sequence out of range");
+  switch (op.kind) {
+    case KvOpKind::window:
+    case KvOpKind::retrieve:
+      if (op.seq < 0) return error(role + ": a view of no sequence");
+      st.views[size_t(op.seq)] = op;
+      return;
+    case KvOpKind::unview:
+      for (int s = 0; s < kMaxSeqs; ++s)
+        if (op.seq < 0 || op.seq == s) st.views[size_t(s)].reset();
+      return;
+    default: break;
+  }
+  if (op.kind == KvOpKind::remove && op.pos_begin < 0 && op.pos_end < 0)
+    for (int s = 0; s < kMaxSeqs; ++s)
+      if (op.seq < 0 || op.seq == s) st.views[size_t(s)].reset();
   auto in_range = [&](int32_t pos) { return pos >= std::max(op.pos_begin, 0) && (op.pos_end < 0 || pos < op.pos_end); };
   for (Cell& c : st.cells) {
     switch (op.kind) {
@@ -164,9 +179,38 @@ void FakeHost::apply(Stage& st, const std::string& role, const KvOp& op) {
       case KvOpKind::shift:
         if (in_range(c.pos) && (op.seq < 0 || (c.seqs & seq_bit(op.seq)))) c.pos += op.delta;
         break;
+      default: break;
     }
   }
   std::erase_if(st.cells, [](const Cell& c) { return c.seqs == 0; });
+}
+
+const KvOp* FakeHost::view_of(const Stage& st, SeqSet seqs) {
+  for (int s = 0; s < kMaxSeqs; ++s)
+    if ((seqs & seq_bit(s)) && st.views[size_t(s)]) return &*st.views[size_t(s)];
+  return nullptr;
+}
+
+std::vector<int32_t> FakeHost::through_view(const KvOp& view, const std::vector<int32_t>& seen) {
+  const int32_t q = int32_t(seen.size()) - 1;  // the query's position
+  std::vector<int32_t> rank(seen.size(), 0);   // 0: read
+  int32_t keep = 1;
+  if (view.kind == KvOpKind::window) {
+    for (int32_t p = 0; p <= q; ++p) rank[size_t(p)] = p < view.pos_begin || p > q - view.pos_end ? 0 : 1;
+  } else {
+    // The retrieval stand-in: chunk 0, then the other chunks latest first.
+    const int32_t chunk = view.dst_seq, fresh_from = std::min(view.pos_begin, q + 1), budget = view.pos_end;
+    int32_t next = 0;
+    for (int32_t p = 0; p < std::min(chunk, fresh_from); ++p) rank[size_t(p)] = next++;
+    for (int32_t c = (fresh_from - 1) / chunk; c >= 1; --c)
+      for (int32_t p = c * chunk; p < std::min(fresh_from, (c + 1) * chunk); ++p) rank[size_t(p)] = next++;
+    keep = std::max(std::min(chunk, budget), budget - (q - fresh_from + 1));
+    for (int32_t p = fresh_from; p <= q; ++p) rank[size_t(p)] = 0;
+  }
+  std::vector<int32_t> out;
+  for (int32_t p = 0; p <= q; ++p)
+    if (rank[size_t(p)] < keep) out.push_back(seen[size_t(p)]);
+  return out;
 }
 
 void FakeHost::process(Stage& st, LaunchRecord& r, bool skip_if_cancelled) {
@@ -214,6 +258,7 @@ void FakeHost::process(Stage& st, LaunchRecord& r, bool skip_if_cancelled) {
       for (const Cell* c : vis) at += " " + std::to_string(c->pos);
       error(name + " row " + std::to_string(i) + " at position " + std::to_string(b.pos[i]) + " sees positions" + at);
     }
+    if (const KvOp* view = view_of(st, b.seqs[i])) seen = through_view(*view, seen);
     std::vector<float> l;
     if (oracle == oracles_.end()) error("no script for role " + r.role);
     else l = oracle->second(seen);

@@ -7,6 +7,7 @@
 // result arrives, so several runs can be in flight.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -141,7 +142,14 @@ class FakeHost final : public StrategyHost {
   struct Stage {
     std::vector<Cell> cells;
     std::vector<std::variant<uint64_t, std::vector<KvOp>>> queue;  // runs and cache operations
+    std::array<std::optional<KvOp>, kMaxSeqs> views;                // the view op of each sequence
   };
+  // KV views: a row in a sequence with a view (the lowest such) gives its oracle only the
+  // tokens the view reads, in position order. A StreamingLLM view reads its sink and window;
+  // the retrieval view, lacking keys here, ranks chunk 0 first and then the other chunks
+  // latest first, and reads what RetrievalView would of that ranking.
+  static const KvOp* view_of(const Stage& st, SeqSet seqs);
+  static std::vector<int32_t> through_view(const KvOp& view, const std::vector<int32_t>& seen);
   LaunchRecord& record(uint64_t run);
   void process_until(const std::string& role, uint64_t run);
   void process(Stage& st, LaunchRecord& r, bool skip_if_cancelled);

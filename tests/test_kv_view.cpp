@@ -8,6 +8,7 @@
 #include "specmesh/model/attention_mask.hpp"
 #include "specmesh/model/context.hpp"
 #include "specmesh/model/kv_view.hpp"
+#include "specmesh/model/retrieval_cache.hpp"
 #include "refdata.hpp"
 
 using namespace specmesh;
@@ -173,4 +174,87 @@ TEST(KvView, ViewsAreChosenBySequence) {
   p.prefill(plain);
   EXPECT_EQ(p.next(plain), a) << "a view of sequence 1 changed sequence 0";
   EXPECT_THROW(c.set_view(kMaxSeqs, nullptr), std::invalid_argument);
+}
+
+TEST(KvView, RetrievalViewOverwritesTheLeastImportantEntriesAndKeepsTheSink) {
+  // One layer, one KV head, a prompt of 12 positions ranked: chunk 0 (0..3), then 8..11, then 4..7.
+  std::vector<int32_t> rank = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7};
+  RetrievalView v(0, 1, /*budget*/ 10, /*sink*/ 4, /*fresh_from*/ 12, {rank});
+  KvCache kv(32, 0, 1, 4);
+  Batch b;
+  for (int32_t p = 0; p < 20; ++p) b.add(0, p, seq_bit(0), false);
+  kv.place(b);
+  auto read = [&](int32_t q) {
+    std::vector<int32_t> cells;
+    kv.visible_cells(q, seq_bit(0), cells);
+    v.select(kv, 0, 0, q, cells);
+    std::vector<int32_t> pos;
+    for (int32_t c : cells) pos.push_back(kv.cell(c).pos);
+    return pos;
+  };
+  // The query at 12 is the first fresh token: budget 10 = itself + the 9 best entries.
+  EXPECT_EQ(read(12), (std::vector<int32_t>{0, 1, 2, 3, 4, 8, 9, 10, 11, 12}));
+  EXPECT_EQ(v.entries_read(12), 9);
+  // Each further token overwrites the worst entry left.
+  EXPECT_EQ(read(14), (std::vector<int32_t>{0, 1, 2, 3, 8, 9, 10, 12, 13, 14}));
+  EXPECT_EQ(read(17), (std::vector<int32_t>{0, 1, 2, 3, 12, 13, 14, 15, 16, 17}));
+  // Past the budget the sink stays (the owner rebuilds before this happens).
+  EXPECT_EQ(read(19), (std::vector<int32_t>{0, 1, 2, 3, 12, 13, 14, 15, 16, 17, 18, 19}));
+  EXPECT_THROW(RetrievalView(0, 1, 10, 4, 12, {std::vector<int32_t>(5)}), std::invalid_argument);
+}
+
+TEST(KvView, RetrievalCacheRanksChunksByTheLastQueryPerKvHead) {
+  SPECMESH_REQUIRE_REFDATA();
+  Probe p;
+  const auto& hp = p.m->hparams();
+  ASSERT_EQ(hp.n_head, 2 * hp.n_head_kv);  // grouped-query attention: the group's scores add up
+  const int32_t n = int32_t(p.prompt.size()), chunk = 8, D = hp.head_dim;
+  ASSERT_NE(n % chunk, 0) << "the prompt should end in a partial chunk";
+  Context c(*p.m, {});
+  p.prefill(c);
+  EXPECT_THROW(build_retrieval_view(c, n - 1, chunk, 32), std::invalid_argument);  // not the last query
+  const auto view = build_retrieval_view(c, n, chunk, 32);
+  ASSERT_EQ(view->fresh_from(), n);
+  const int32_t n_chunks = (n + chunk - 1) / chunk;
+  bool heads_differ = false;
+  for (int l = 0; l < hp.n_layer; ++l) {
+    const std::vector<float>& q = c.last_query(l);
+    std::vector<int32_t> first_order;
+    for (int h = 0; h < hp.n_head_kv; ++h) {
+      // The reference: every chunk's mean key (the partial last one over what it has) against
+      // the group's queries.
+      std::vector<double> score(static_cast<size_t>(n_chunks));
+      for (int32_t ch = 0; ch < n_chunks; ++ch) {
+        const int32_t end = std::min(n, (ch + 1) * chunk);
+        for (int g = 0; g < 2; ++g)
+          for (int d = 0; d < D; ++d) {
+            double mean = 0;
+            for (int32_t pos = ch * chunk; pos < end; ++pos) mean += c.kv().k(l)[size_t(pos) * hp.kv_dim() + h * D + d];
+            score[size_t(ch)] += double(q[size_t((2 * h + g) * D + d)]) * mean / (end - ch * chunk);
+          }
+      }
+      const std::vector<int32_t>& rank = view->ranks(l, h);
+      // Chunk 0 first, in order; then chunks in falling score, each chunk's positions together.
+      for (int32_t pos = 0; pos < chunk; ++pos) EXPECT_EQ(rank[size_t(pos)], pos);
+      std::vector<int32_t> order;
+      for (int32_t r = chunk; r < n; ++r)
+        for (int32_t pos = 0; pos < n; ++pos)
+          if (rank[size_t(pos)] == r && (order.empty() || order.back() != pos / chunk)) order.push_back(pos / chunk);
+      ASSERT_EQ(order.size(), size_t(n_chunks - 1));
+      for (size_t i = 1; i < order.size(); ++i)
+        EXPECT_GE(score[size_t(order[i - 1])], score[size_t(order[i])] - 1e-6) << "layer " << l << " head " << h;
+      if (h == 0) first_order = order;
+      else heads_differ |= order != first_order;
+    }
+  }
+  EXPECT_TRUE(heads_differ) << "every KV head chose the same chunks";
+
+  // Reading through the view changes the next token's logits (a budget of 32 of the prompt).
+  Batch b;
+  b.add(p.prompt.back(), n, seq_bit(0), true);
+  c.set_view(0, view);
+  const auto viewed = c.forward(b).logits;
+  Context full(*p.m, {});
+  p.prefill(full);
+  EXPECT_GT(max_diff(p.next(full), viewed), 1e-4) << "a budget of 32 of " << n << " entries changed nothing";
 }

@@ -51,7 +51,7 @@ std::vector<Envelope> samples() {
   out.push_back(make_envelope(9, Logits{"target", {0, 2}, iota_tensor({2, 32})}));
   out.push_back(make_envelope(10, KvCacheOp{"target", 2, {{KvOpKind::copy, 0, 3, 0, 17}, {KvOpKind::remove, 1, -1, 5, -1},
                                             {KvOpKind::keep, 2, -1, -1, -1},
-                                            {KvOpKind::shift, 1, -1, 10, -1, -4}}}));
+                                            {KvOpKind::shift, 1, -1, 10, -1, -4}, retrieval_view_op(1, 40, 8, 16)}}));
   out.push_back(make_envelope(0, Cancel{{1, 2, UINT64_MAX}}));
   out.push_back(make_envelope(0, Heartbeat{123456789}));
   out.push_back(make_envelope(11, Error{ErrorCode::out_of_memory, "stage2", "KV cache full"}));
@@ -225,7 +225,7 @@ TEST(Messages, UnknownTypeAndEnumsAreRangeChecked) {
     pk.pack(0);
     pk.pack_array(1);
     pk.pack_array(6);
-    pk.pack(4);  // one past shift
+    pk.pack(7);  // one past unview
     pk.pack(0);
     pk.pack(0);
     pk.pack(0);

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -87,6 +88,10 @@ SpecMetrics sample_metrics() {
   m.runs_cancelled = 9;
   m.runs_wasted = 4;
   m.failovers = 1;
+  m.middle_drafted = 50;
+  m.middle_accepted = 41;
+  m.middle_verifications = 20;
+  m.cache_rebuilds = 3;
   return m;
 }
 
@@ -114,6 +119,16 @@ void expect_row(const std::vector<std::string>& row, const SpecMetrics& m) {
   EXPECT_EQ(std::strtod(row[row.size() - 3].c_str(), nullptr), m.itl_p50_ms);
   EXPECT_EQ(std::strtod(row[row.size() - 2].c_str(), nullptr), m.itl_p99_ms);
   EXPECT_EQ(std::stoll(row[row.size() - 1]), m.failovers);
+  auto col = [&](const char* name) {
+    const auto& cols = SpecMetrics::csv_columns();
+    return row[size_t(std::find(cols.begin(), cols.end(), name) - cols.begin())];
+  };
+  EXPECT_EQ(std::stoll(col("middle_drafted")), m.middle_drafted);
+  EXPECT_EQ(std::stoll(col("middle_accepted")), m.middle_accepted);
+  EXPECT_EQ(std::strtod(col("middle_acceptance_rate").c_str(), nullptr), m.middle_acceptance_rate());
+  EXPECT_EQ(std::stoll(col("middle_verifications")), m.middle_verifications);
+  EXPECT_EQ(std::strtod(col("middle_tokens_per_verification").c_str(), nullptr), m.middle_tokens_per_verification());
+  EXPECT_EQ(std::stoll(col("cache_rebuilds")), m.cache_rebuilds);
 }
 
 TEST(SpecMetrics, DerivedRatios) {

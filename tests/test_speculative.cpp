@@ -85,9 +85,10 @@ RuntimeOptions opts(const std::string& transport) { return node_options(transpor
 
 // With two_drafts, the second draft is the next model after the first that is not the target.
 void expect_lossless(const std::string& strategy, const std::string& transport, int stages, const std::string& params,
-                     bool two_drafts = false) {
-  const std::vector<std::string> prompts = {"Once upon a time", "Lily and Tom"};
-  for (const auto& target : kModels) {
+                     bool two_drafts = false,
+                     const std::vector<std::string>& prompts = {"Once upon a time", "Lily and Tom"},
+                     const std::vector<std::string>& targets = kModels) {
+  for (const auto& target : targets) {
     for (const auto& draft : kModels) {
       if (draft == target) continue;
       std::string draft2;
@@ -201,6 +202,29 @@ TEST(Lossless, TreeSpecOverThreeProcesses) {
   expect_lossless("spec", "ipc", 3, "tree = \"2,1,1\"\np_accept = 0.0", true);
 }
 
+// TriForce: the target over a retrieval cache of 16 entries (chunks of 4) drafts for itself
+// over its full cache, with forced rebuilds every few tokens; the middle level's views live on
+// the stages, so over three processes each stage builds its own layers' part.
+const std::string kTriForce = "budget = 16\nchunk = 4\ngamma1 = 2\ngamma2 = 4\nsink = 4\nwindow = 24\n";
+const std::vector<std::string> kLongPrompts = {
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her dog Max. "
+    "One day, Lily and Max found a big red ball under a tree.",
+    "Lily and Tom"};
+
+TEST(Lossless, TriForceSingleProcess) {
+  SPECMESH_REQUIRE_REFDATA();
+  expect_lossless("triforce", "inproc", 1, kTriForce, false, kLongPrompts);
+  expect_lossless("triforce", "inproc", 2, kTriForce + "rebuild_every = 8\nrebuild_below = 0.9", false, kLongPrompts,
+                  {"stories260K", "stories-target-1M"});
+  for (const std::string ablation : {"middle = 2", "middle = 0", "use_draft = false"})
+    expect_lossless("triforce", "inproc", 1, kTriForce + ablation, false, kLongPrompts, {"stories260K", "stories-target-1M"});
+}
+
+TEST(Lossless, TriForceOverThreeProcesses) {
+  SPECMESH_REQUIRE_REFDATA();
+  expect_lossless("triforce", "ipc", 3, kTriForce, false, kLongPrompts, {"stories260K", "stories-target-1M"});
+}
+
 namespace {
 
 // Per-position token counts of `runs` sampled generations of `n` tokens at temperature 1.
@@ -210,6 +234,7 @@ std::vector<std::map<int32_t, int>> sample_counts(const std::string& strategy, i
   // ar takes no parameters; it runs on the same topology, the draft pipeline idle.
   const std::string params = strategy == "ar"          ? ""
                              : strategy == "pipeinfer" ? "max_micro_batch = 3\np_accept = 0.0\n" + extra
+                             : strategy == "triforce"  ? kTriForce + extra
                                                        : "n_draft = 3\np_accept = 0.0\n" + extra;
   auto rt = Runtime::open(topology(target, draft, strategy, 1, "inproc", params), opts("inproc"));
   std::vector<std::map<int32_t, int>> counts(n);
@@ -296,6 +321,22 @@ TEST(Stochastic, PipeInferTokenFrequenciesMatchAutoregression) {
     auto pipe = sample_counts("pipeinfer", runs, n, extra);
     for (int k = 0; k < n; ++k) {
       auto [chi2, dof] = homogeneity(ar[k], pipe[k]);
+      ASSERT_GT(dof, 0);
+      EXPECT_LT(chi2, chi2_critical(dof)) << extra << " position " << k << ": chi2 " << chi2 << " with " << dof << " dof";
+    }
+  }
+}
+
+// TriForce samples at both levels with the exact residual: per position, its tokens are
+// distributed like plain sampling's, with the retrieval cache and with StreamingLLM's.
+TEST(Stochastic, TriForceTokenFrequenciesMatchAutoregression) {
+  SPECMESH_REQUIRE_REFDATA();
+  const int runs = 600, n = 4;
+  auto ar = sample_counts("ar", runs, n);
+  for (const std::string extra : {"", "middle = 2"}) {
+    auto tri = sample_counts("triforce", runs, n, extra);
+    for (int k = 0; k < n; ++k) {
+      auto [chi2, dof] = homogeneity(ar[k], tri[k]);
       ASSERT_GT(dof, 0);
       EXPECT_LT(chi2, chi2_critical(dof)) << extra << " position " << k << ": chi2 " << chi2 << " with " << dof << " dof";
     }

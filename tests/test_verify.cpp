@@ -343,6 +343,61 @@ TEST(VerifyStochastic, ChainsFollowTheTargetChain) {
   }
 }
 
+// TriForce's two-level sampler: the draft Q proposes gamma1 tokens to a middle model M (the
+// target's weights over a partial cache, here its own Markov chain), verified with `middle`;
+// the middle level keeps going while it holds fewer than gamma2 tokens, then its tokens, with
+// M's rows as their proposal distributions, are verified against the target with `top`.
+const std::vector<Dist> kMiddle = {{0.2f, 0.3f, 0.3f, 0.2f}, {0.4f, 0.1f, 0.3f, 0.2f}, {0.3f, 0.2f, 0.1f, 0.4f}, {0.1f, 0.5f, 0.2f, 0.2f}};
+
+auto two_level_round(const ChainVerifier& middle, const ChainVerifier& top, int gamma1, int gamma2) {
+  return [&middle, &top, gamma1, gamma2](int32_t last, Sampler& rng) {
+    std::vector<int32_t> mid;
+    std::vector<Dist> mid_q;
+    while (int(mid.size()) < gamma2) {
+      const int32_t from = mid.empty() ? last : mid.back();
+      std::vector<int32_t> draft;
+      std::vector<Dist> q, m = {kMiddle[from]};
+      for (int32_t t = from; int(draft.size()) < gamma1;) {
+        q.push_back(kDraft[t]);
+        t = rng.sample_from(kDraft[t]);
+        draft.push_back(t);
+        m.push_back(kMiddle[t]);
+      }
+      const Verdict v = middle(draft, m, q, rng);
+      for (int i = 0; i <= v.accepted; ++i) {
+        mid.push_back(i < v.accepted ? draft[size_t(i)] : v.next);
+        mid_q.push_back(m[size_t(i)]);
+      }
+    }
+    std::vector<Dist> p = {kTarget[last]};
+    for (int32_t t : mid) p.push_back(kTarget[t]);
+    const Verdict v = top(mid, p, mid_q, rng);
+    std::vector<int32_t> emitted(mid.begin(), mid.begin() + v.accepted);
+    emitted.push_back(v.next);
+    return emitted;
+  };
+}
+
+TEST(VerifyTwoLevel, TriForceRoundsFollowTheTargetChain) {
+  for (auto [g1, g2] : {std::pair{1, 1}, {2, 3}, {3, 2}, {1, 4}}) {
+    const ChiSquare c = chain_test(two_level_round(exact, exact, g1, g2), 100000, 3000 + g1 * 10 + g2);
+    std::printf("[  chi2    ] two levels, gamma1=%d gamma2=%d, joint of first 3 tokens: chi2 = %.3f  (%d dof, critical %.3f)\n",
+                g1, g2, c.value, c.dof, chi2_critical_001(c.dof));
+    EXPECT_EQ(c.impossible, 0);
+    EXPECT_LT(c.value, chi2_critical_001(c.dof)) << "gamma1=" << g1 << " gamma2=" << g2;
+  }
+}
+
+// The public code's middle level: a rejected draft is replaced by a draw from M, not from the
+// residual norm(max(0, M - Q)); the top level then divides by M all the same, and the output
+// is no longer the target's.
+TEST(VerifyTwoLevel, ResamplingFromTheMiddleDistributionFails) {
+  const ChiSquare c = chain_test(two_level_round(resample_from_p, exact, 2, 3), 100000, 3100);
+  std::printf("[  chi2    ] two levels, middle resamples from M: chi2 = %.1f (critical %.3f)\n", c.value,
+              chi2_critical_001(c.dof));
+  EXPECT_GT(c.value, chi2_critical_001(c.dof));
+}
+
 TEST(VerifyStochastic, ChainNegativeControlFails) {
   const ChiSquare c = chain_test(chain_round(accept_always, 3), 100000, 2025);
   std::printf("[  chi2    ] k=3 chain, accept-always: chi2 = %.1f, %d impossible draws (critical %.3f)\n", c.value,

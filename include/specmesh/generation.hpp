@@ -111,9 +111,23 @@ struct Metrics {
   double overlap_saved_ms = 0;     // modelled time the accepted ones saved (0 without timing)
   std::vector<double> layer_hit_rates;  // per layer: share of the tokens accepted there
   std::vector<double> token_hit_rates;  // per decode token: share of its layers accepted
+  // Hierarchical speculation (TriForce): the lower level, where the middle model (the target's
+  // weights over a partial KV cache) verifies the tiny draft's tokens. The fields above count
+  // the upper level: the middle level's tokens the target verified with its full cache.
+  int64_t middle_drafted = 0;        // tiny-draft tokens that reached a middle-level verification
+  int64_t middle_accepted = 0;       // of those, accepted by the middle level
+  int64_t middle_verifications = 0;  // middle-level verification runs
+  int64_t cache_rebuilds = 0;        // times the partial (retrieval) cache was rebuilt
 
   // accepted / drafted; 0 when nothing was drafted.
   double acceptance_rate() const { return drafted > 0 ? double(accepted) / double(drafted) : 0.0; }
+  // middle_accepted / middle_drafted, and tokens per middle-level verification; 0 without any.
+  double middle_acceptance_rate() const {
+    return middle_drafted > 0 ? double(middle_accepted) / double(middle_drafted) : 0.0;
+  }
+  double middle_tokens_per_verification() const {
+    return middle_verifications > 0 ? double(middle_accepted + middle_verifications) / double(middle_verifications) : 0.0;
+  }
   // attention_hits / attention_checks; 0 without any.
   double attention_hit_rate() const {
     return attention_checks > 0 ? double(attention_hits) / double(attention_checks) : 0.0;

@@ -80,13 +80,21 @@ std::string run_problem(const RunStart& r, int n_cells) {
 std::string kv_ops_problem(const std::vector<KvOp>& ops) {
   auto bad = [](int32_t s) { return s < 0 || s >= kMaxSeqs; };
   for (const KvOp& op : ops) {
-    // A remove or shift may name -1: every sequence. Copy and keep need real ones.
-    const bool seq_bad =
-        op.kind == KvOpKind::remove || op.kind == KvOpKind::shift ? op.seq < -1 || op.seq >= kMaxSeqs : bad(op.seq);
+    // A remove, shift or unview may name -1: every sequence. The others need real ones.
+    const bool seq_bad = op.kind == KvOpKind::remove || op.kind == KvOpKind::shift || op.kind == KvOpKind::unview
+                             ? op.seq < -1 || op.seq >= kMaxSeqs
+                             : bad(op.seq);
     const bool dst_bad = op.kind == KvOpKind::copy && bad(op.dst_seq);
     if (seq_bad || dst_bad)
       return "sequence id " + std::to_string(seq_bad ? op.seq : op.dst_seq) + " out of range (the KV cache has " +
              std::to_string(kMaxSeqs) + " sequences, 0.." + std::to_string(kMaxSeqs - 1) + ")";
+    if (op.kind == KvOpKind::window && (op.pos_begin < 0 || op.pos_end < 1))
+      return "StreamingLLM view of sequence " + std::to_string(op.seq) + ": sink " + std::to_string(op.pos_begin) +
+             " and window " + std::to_string(op.pos_end) + " (need sink >= 0, window >= 1)";
+    if (op.kind == KvOpKind::retrieve && (op.dst_seq < 1 || op.pos_begin < 1 || op.pos_end < op.dst_seq))
+      return "retrieval view of sequence " + std::to_string(op.seq) + ": chunk " + std::to_string(op.dst_seq) +
+             ", prompt " + std::to_string(op.pos_begin) + ", budget " + std::to_string(op.pos_end) +
+             " (need chunk >= 1, prompt >= 1, budget >= chunk)";
   }
   return {};
 }

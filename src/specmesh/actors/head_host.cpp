@@ -58,13 +58,13 @@ int HeadHost::translate(int seq) const {
   return seq + seqs_.base;
 }
 
-// Operations on "every sequence" (remove -1, shift -1, keep) become operations on each of the
-// session's sequences; the others move into its range.
+// Operations on "every sequence" (remove -1, shift -1, unview -1, keep) become operations on
+// each of the session's sequences; the others move into its range.
 std::vector<KvOp> HeadHost::translate(std::vector<KvOp> ops) const {
   if (seqs_.whole()) return ops;
   std::vector<KvOp> out;
   for (KvOp op : ops) {
-    if ((op.kind == KvOpKind::remove || op.kind == KvOpKind::shift) && op.seq < 0) {
+    if ((op.kind == KvOpKind::remove || op.kind == KvOpKind::shift || op.kind == KvOpKind::unview) && op.seq < 0) {
       for (int s = 0; s < seqs_.count; ++s) {
         op.seq = seqs_.base + s;
         out.push_back(op);

@@ -14,6 +14,7 @@
 
 #include "specmesh/devices/device.hpp"
 #include "specmesh/kernels/quant.hpp"
+#include "specmesh/model/retrieval_cache.hpp"
 
 namespace specmesh {
 
@@ -114,12 +115,23 @@ void report_refusal(const StageConfig& cfg, StageStats& stats, uint64_t run, con
 void apply_kv_ops(Context& ctx, const std::vector<KvOp>& ops) {
   if (std::string why = kv_ops_problem(ops); !why.empty()) throw std::invalid_argument(why);
   KvCache& kv = ctx.kv();
+  auto unview = [&](int seq) {
+    for (int s = seq < 0 ? 0 : seq; s < (seq < 0 ? kMaxSeqs : seq + 1); ++s) ctx.set_view(s, nullptr);
+  };
   for (const KvOp& op : ops) {
     switch (op.kind) {
       case KvOpKind::copy: kv.seq_cp(op.seq, op.dst_seq, op.pos_begin, op.pos_end); break;
-      case KvOpKind::remove: kv.seq_rm(op.seq, op.pos_begin, op.pos_end); break;
+      case KvOpKind::remove:
+        kv.seq_rm(op.seq, op.pos_begin, op.pos_end);
+        if (op.pos_begin < 0 && op.pos_end < 0) unview(op.seq);  // an emptied sequence (a new session) reads plainly
+        break;
       case KvOpKind::keep: kv.seq_keep(op.seq); break;
       case KvOpKind::shift: ctx.shift_positions(op.seq, op.pos_begin, op.pos_end, op.delta); break;
+      case KvOpKind::window: ctx.set_view(op.seq, std::make_shared<SinkWindowView>(op.pos_begin, op.pos_end)); break;
+      case KvOpKind::retrieve:
+        ctx.set_view(op.seq, build_retrieval_view(ctx, op.pos_begin, op.dst_seq, op.pos_end));
+        break;
+      case KvOpKind::unview: unview(op.seq); break;
     }
   }
 }

@@ -94,9 +94,9 @@ using retarget_atom = caf::atom_constant<caf::atom("retarget")>;
 // max_runs_per_sender below 1.
 caf::actor spawn_stage(caf::actor_system& sys, StageConfig cfg, std::shared_ptr<StageStats> stats);
 
-// Applies cache operations in order (llama.cpp sequence semantics) to a context's cache
-// (a shift re-rotates the keys of its layers); throws std::invalid_argument for a sequence id
-// out of range.
+// Applies cache operations in order (llama.cpp sequence semantics; a shift re-rotates the keys
+// of the context's layers; the view kinds of protocol.hpp set KV views on the context); throws
+// std::invalid_argument for a sequence id out of range or a view that cannot be built.
 void apply_kv_ops(Context& ctx, const std::vector<KvOp>& ops);
 
 // Runs a batch through a stage's context the way every stage kind does: with a timing

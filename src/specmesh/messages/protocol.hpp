@@ -216,9 +216,19 @@ struct AttentionSync {
 // a negative bound means open-ended. dst_seq is used by copy only. shift adds `delta` to the
 // positions of the sequence's cells in the range (llama.cpp's seq_add) and rotates their
 // cached keys by it, so they read as if computed at the new positions (llama.cpp's K-shift).
-// remove and shift take seq -1 for every sequence.
-enum class KvOpKind : uint8_t { copy = 0, remove = 1, keep = 2, shift = 3 };
-inline constexpr uint8_t kKvOpKindMax = 3;
+// remove, shift and unview take seq -1 for every sequence.
+//
+// The view kinds set which cells attention of sequence `seq` reads (model/kv_view.hpp); the
+// cells themselves stay as they are:
+//   window:   StreamingLLM, the first pos_begin positions and the pos_end up to the query's.
+//   retrieve: a retrieval cache (TriForce) built on the stage from sequence 0's keys at
+//             positions [0, pos_begin) and the query of position pos_begin - 1, which must be
+//             the last token of the stage's last run: chunks of dst_seq positions, a budget of
+//             pos_end entries (see retrieval_view_op).
+//   unview:   seq reads every visible cell again (seq -1: every sequence).
+// Removing every position of a sequence (seq -1: of every sequence) drops its view as well.
+enum class KvOpKind : uint8_t { copy = 0, remove = 1, keep = 2, shift = 3, window = 4, retrieve = 5, unview = 6 };
+inline constexpr uint8_t kKvOpKindMax = 6;
 struct KvOp {
   KvOpKind kind = KvOpKind::remove;
   int32_t seq = 0;
@@ -228,6 +238,16 @@ struct KvOp {
   int32_t delta = 0;  // shift only
   friend bool operator==(const KvOp&, const KvOp&) = default;
 };
+inline KvOp window_view_op(int32_t seq, int32_t sink, int32_t recent) {
+  return {KvOpKind::window, seq, -1, sink, recent};
+}
+// Built right after a run whose last token sits at position fresh_from - 1 (its query scores
+// the chunks); positions from fresh_from on are the tokens generated since.
+inline KvOp retrieval_view_op(int32_t seq, int32_t fresh_from, int32_t chunk, int32_t budget) {
+  return {KvOpKind::retrieve, seq, chunk, fresh_from, budget};
+}
+inline KvOp unview_op(int32_t seq) { return {KvOpKind::unview, seq, -1, -1, -1}; }
+
 struct KvCacheOp {
   std::string pipeline;
   int32_t layer = 0;      // first layer of the stage it is addressed to

@@ -22,7 +22,8 @@ Context::Context(const Model& model, ContextParams params, ThreadPool* pool)
       end_(params.layer_end < 0 ? model.hparams().n_layer : params.layer_end),
       kv_(context_size(model, params.n_ctx), begin_, end_, model.hparams().kv_dim()),
       capture_(std::move(params.capture_layers)),
-      layout_(params.attention_layout) {
+      layout_(params.attention_layout),
+      last_query_(size_t(std::max(0, end_ - begin_))) {
   const int L = model.hparams().n_layer;
   if (begin_ < 0 || begin_ > end_ || end_ > L)
     throw std::invalid_argument("layer range [" + std::to_string(begin_) + ", " + std::to_string(end_) +
@@ -55,6 +56,13 @@ void Context::shift_positions(int seq, int32_t p0, int32_t p1, int32_t delta) {
     float* k = kv_.k(il);
     for (int32_t c : cells) rope(k + size_t(c) * KV, hp.n_head_kv, hp.head_dim, hp.n_rot, delta, hp.rope_theta, hp.rope);
   }
+}
+
+const std::vector<float>& Context::last_query(int layer) const {
+  if (layer < begin_ || layer >= end_)
+    throw std::out_of_range("layer " + std::to_string(layer) + " is outside this context's [" + std::to_string(begin_) +
+                            ", " + std::to_string(end_) + ")");
+  return last_query_[size_t(layer - begin_)];
 }
 
 void Context::set_view(int seq, std::shared_ptr<const KvView> view) {

@@ -81,13 +81,19 @@ class Context {
   // visible cell, the default). A token in several sequences uses the lowest one's view.
   void set_view(int seq, std::shared_ptr<const KvView> view);
 
+  // The post-RoPE query (q_dim) of the last token of the latest forward pass in `layer` (one of
+  // this context's), and that token's position (-1 before any pass): what a retrieval cache is
+  // scored with (retrieval_cache.hpp).
+  const std::vector<float>& last_query(int layer) const;
+  int32_t last_query_pos() const { return last_query_pos_; }
+
   // Stops a forward pass between layers (checked before each layer): returns true to abort.
   // An aborted pass throws ForwardCancelled; cells it claimed stay labelled and must be
   // removed by the caller's sequence operation.
   void set_cancel_check(std::function<bool()> check) { cancel_check_ = std::move(check); }
 
  private:
-  friend class ForwardPass;  // reads the KV views
+  friend class ForwardPass;  // reads the KV views, keeps the last query
 
   const Model& model_;
   std::unique_ptr<ThreadPool> own_pool_;
@@ -97,6 +103,8 @@ class Context {
   std::vector<int> capture_;
   FlashLayout layout_;
   KvViews views_;
+  std::vector<std::vector<float>> last_query_;  // per layer of this context
+  int32_t last_query_pos_ = -1;
   std::function<bool()> cancel_check_;
 };
 

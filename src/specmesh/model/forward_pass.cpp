@@ -82,6 +82,8 @@ void ForwardPass::pre_attention(int il) {
     std::memcpy(kc + size_t(slots_[i]) * KV, ki, KV * sizeof(float));
     std::memcpy(vc + size_t(slots_[i]) * KV, vi, KV * sizeof(float));
   }
+  ctx_.last_query_[size_t(il - ctx_.begin_)].assign(q_.end() - ptrdiff_t(Q), q_.end());
+  ctx_.last_query_pos_ = batch_.pos[n - 1];
   q_layer_ = il;
 }
 

@@ -45,6 +45,7 @@ class KvCache {
   // Rows of layer `layer` (absolute index): n_cells x kv_dim.
   float* k(int layer) { return k_[layer - layer_begin_].data(); }
   float* v(int layer) { return v_[layer - layer_begin_].data(); }
+  const float* k(int layer) const { return k_[layer - layer_begin_].data(); }
 
   // Claims one free cell per batch token (lowest free indices first) and labels it;
   // throws std::runtime_error when the cache is full.

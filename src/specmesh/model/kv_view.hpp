@@ -54,4 +54,32 @@ class ChunkView final : public KvView {
   int32_t fresh_from_;
 };
 
+// TriForce's retrieval cache (the middle level of its hierarchy), a fixed budget of entries per
+// layer and KV head. The positions before `fresh_from` (the prompt, or the sequence when the
+// cache was last built) are ranked per (layer, head), most important first; a query at
+// position p reads the positions from fresh_from to p (the tokens generated since: f of them,
+// its own included) and the best budget - f ranked entries: every generated token overwrites
+// the least important entry left. The first `sink` ranks are never overwritten (the attention
+// sink, chunk 0): once f > budget - sink the view reads sink + f entries, more than the
+// budget, and its owner should rebuild it (retrieval_cache.hpp).
+class RetrievalView final : public KvView {
+ public:
+  // ranks[(layer - layer_begin) * n_kv_head + kv_head][pos], pos < fresh_from: the entry's rank.
+  RetrievalView(int layer_begin, int n_kv_head, int32_t budget, int32_t sink, int32_t fresh_from,
+                std::vector<std::vector<int32_t>> ranks);
+  void select(const KvCache& kv, int layer, int kv_head, int32_t query_pos, std::vector<int32_t>& cells) const override;
+  bool per_head() const override { return true; }
+
+  int32_t budget() const { return budget_; }
+  int32_t fresh_from() const { return fresh_from_; }
+  // The prompt entries a query at query_pos reads (per layer and head).
+  int32_t entries_read(int32_t query_pos) const;
+  const std::vector<int32_t>& ranks(int layer, int kv_head) const;
+
+ private:
+  int layer_begin_, n_kv_head_;
+  int32_t budget_, sink_, fresh_from_;
+  std::vector<std::vector<int32_t>> ranks_;
+};
+
 }  // namespace specmesh

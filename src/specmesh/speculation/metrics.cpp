@@ -58,7 +58,8 @@ const std::vector<std::string>& SpecMetrics::csv_columns() {
       "decode_tokens_per_s", "drafted", "accepted", "acceptance_rate", "verifications", "tokens_per_verification",
       "tree_size", "accepted_depth", "max_accepted_depth",
       "runs_launched", "runs_cancelled", "runs_wasted", "attention_checks", "attention_hits", "attention_hit_rate",
-      "overlap_saved_ms", "itl_p50_ms", "itl_p99_ms", "failovers"};
+      "overlap_saved_ms", "middle_drafted", "middle_accepted", "middle_acceptance_rate", "middle_verifications",
+      "middle_tokens_per_verification", "cache_rebuilds", "itl_p50_ms", "itl_p99_ms", "failovers"};
   return cols;
 }
 
@@ -86,6 +87,12 @@ std::vector<std::string> SpecMetrics::csv_values() const {
           std::to_string(attention_hits),
           number(attention_hit_rate()),
           number(overlap_saved_ms),
+          std::to_string(middle_drafted),
+          std::to_string(middle_accepted),
+          number(middle_acceptance_rate()),
+          std::to_string(middle_verifications),
+          number(middle_tokens_per_verification()),
+          std::to_string(cache_rebuilds),
           number(itl_p50_ms),
           number(itl_p99_ms),
           std::to_string(failovers)};
@@ -118,6 +125,12 @@ nlohmann::json SpecMetrics::to_json() const {
           {"attention_hits", attention_hits},
           {"attention_hit_rate", attention_hit_rate()},
           {"overlap_saved_ms", overlap_saved_ms},
+          {"middle_drafted", middle_drafted},
+          {"middle_accepted", middle_accepted},
+          {"middle_acceptance_rate", middle_acceptance_rate()},
+          {"middle_verifications", middle_verifications},
+          {"middle_tokens_per_verification", middle_tokens_per_verification()},
+          {"cache_rebuilds", cache_rebuilds},
           {"layer_hit_rates", layer_hit_rates},
           {"token_hit_rates", token_hit_rates}};
 }

@@ -93,11 +93,16 @@ const StrategyInfo& default_strategy(const std::set<std::string>& roles) {
   return *best;
 }
 
+// One parameter under one name: the same meaning (help) or the same command-line flags.
+bool same_param(const ParamSpec& a, const ParamSpec& b) {
+  return a.name == b.name && (a.help == b.help || (!a.flags.empty() && a.flags == b.flags));
+}
+
 std::vector<ParamSpec> all_params() {
   std::vector<ParamSpec> out;
   for (const StrategyInfo& s : strategies())
     for (const ParamSpec& p : s.params)
-      if (std::none_of(out.begin(), out.end(), [&](const ParamSpec& q) { return q.name == p.name; })) out.push_back(p);
+      if (std::none_of(out.begin(), out.end(), [&](const ParamSpec& q) { return same_param(q, p); })) out.push_back(p);
   return out;
 }
 
@@ -117,7 +122,7 @@ std::string strategies_markdown() {
   for (const ParamSpec& p : all_params()) {
     std::vector<std::string> users, flags;
     for (const StrategyInfo& s : strategies())
-      if (s.param(p.name)) users.push_back(s.name);
+      if (s.param(p.name) && same_param(*s.param(p.name), p)) users.push_back(s.name);
     for (const auto& f : p.flags) flags.push_back("`" + f + "`");
     std::string range;
     if (p.type == ParamType::IntList)

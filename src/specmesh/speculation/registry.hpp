@@ -73,8 +73,11 @@ const StrategyInfo& strategy(const std::string& name);
 const StrategyInfo& default_strategy(const std::set<std::string>& roles);
 // "ar, spec, pipeinfer"
 std::string strategy_names();
-// Every parameter of every strategy, once per name (strategies may share one, e.g. p_accept).
+// Every parameter of every strategy, once per name and meaning (strategies may share one, e.g.
+// p_accept; a name two strategies use for different things, e.g. window, is listed twice, the
+// first with its flags). same_param: the same name with the same help or the same flags.
 std::vector<ParamSpec> all_params();
+bool same_param(const ParamSpec& a, const ParamSpec& b);
 
 // The README's table of strategies, roles and parameters (Markdown).
 std::string strategies_markdown();
