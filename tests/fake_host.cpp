@@ -163,9 +163,8 @@ void FakeHost::apply(Stage& st, const std::string& role, const KvOp& op) {
       return;
     default: break;
   }
-  if (op.kind == KvOpKind::remove && op.pos_begin < 0 && op.pos_end < 0)
-    for (int s = 0; s < kMaxSeqs; ++s)
-      if (op.seq < 0 || op.seq == s) st.views[size_t(s)].reset();
+  if (op.kind == KvOpKind::remove && op.seq < 0 && op.pos_begin < 0 && op.pos_end < 0)
+    for (auto& v : st.views) v.reset();
   auto in_range = [&](int32_t pos) { return pos >= std::max(op.pos_begin, 0) && (op.pos_end < 0 || pos < op.pos_end); };
   for (Cell& c : st.cells) {
     switch (op.kind) {

@@ -65,9 +65,12 @@ std::vector<KvOp> HeadHost::translate(std::vector<KvOp> ops) const {
   std::vector<KvOp> out;
   for (KvOp op : ops) {
     if ((op.kind == KvOpKind::remove || op.kind == KvOpKind::shift || op.kind == KvOpKind::unview) && op.seq < 0) {
+      // Emptying every sequence (a new session) also drops their views, as it does unscoped.
+      const bool emptied = op.kind == KvOpKind::remove && op.pos_begin < 0 && op.pos_end < 0;
       for (int s = 0; s < seqs_.count; ++s) {
         op.seq = seqs_.base + s;
         out.push_back(op);
+        if (emptied) out.push_back({KvOpKind::unview, op.seq, -1, -1, -1});
       }
     } else if (op.kind == KvOpKind::keep) {
       const int kept = translate(op.seq);

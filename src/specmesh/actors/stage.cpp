@@ -123,7 +123,7 @@ void apply_kv_ops(Context& ctx, const std::vector<KvOp>& ops) {
       case KvOpKind::copy: kv.seq_cp(op.seq, op.dst_seq, op.pos_begin, op.pos_end); break;
       case KvOpKind::remove:
         kv.seq_rm(op.seq, op.pos_begin, op.pos_end);
-        if (op.pos_begin < 0 && op.pos_end < 0) unview(op.seq);  // an emptied sequence (a new session) reads plainly
+        if (op.seq < 0 && op.pos_begin < 0 && op.pos_end < 0) unview(-1);  // a new session
         break;
       case KvOpKind::keep: kv.seq_keep(op.seq); break;
       case KvOpKind::shift: ctx.shift_positions(op.seq, op.pos_begin, op.pos_end, op.delta); break;
