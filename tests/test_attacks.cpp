@@ -133,19 +133,24 @@ std::vector<Attack> role_attacks() {
   a.push_back({"forged error", [](Gateway& gw, uint64_t v) {
                  gw.send("head", make_envelope(v, Error{ErrorCode::invalid_request, "n1", "forged"}));
                }});
-  // 16 MiB in one frame, where the largest a stories260K pipeline ever sends is 512 KiB
-  // (256 rows of 512 logits): ZeroMQ drops the sender's connection before buffering it.
+  // 4 MiB in one frame, above the 3 MiB a stories260K node accepts (1 MiB plus 4x the 512 KiB
+  // of 256 rows of 512 logits): ZeroMQ drops the sender's connection before buffering it.
+  // The intruder shares this process's ZeroMQ I/O thread with the head, and that thread
+  // encrypts every frame it sends; 16 MiB frames every 100 ms kept it busy long enough that
+  // the head heard no heartbeat from n0 and called it down. That stall is the test's own (an
+  // intruder of its own process stalls only itself), so the frame is just over the limit and
+  // sent every 250 ms.
   a.push_back({"oversized frame",
                [](Gateway& gw, uint64_t v) {
                  Activations act;
                  act.pipeline = "target";
                  act.layer = 3;
                  act.batch = RunStart{"target", {1}, {int32_t(v % 8)}, {1}, {1}, {}, false};
-                 act.tensors.push_back(f32({1, 4 << 20}, 0.5f));
+                 act.tensors.push_back(f32({1, 1 << 20}, 0.5f));
                  gw.send("n1", make_envelope(3000 + v, act));
                  gw.send("head", make_envelope(3000 + v, act));
                },
-               100});
+               250});
   return a;
 }
 
