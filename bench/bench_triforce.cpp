@@ -112,13 +112,15 @@ int table1(const std::string& refdata, const std::vector<std::string>& targets, 
     // for at the end.
     std::vector<std::string> stories, facts;
     for (int pct : {75, 82, 90})
-      stories.push_back(filler(*m, n_ctx * pct / 100 - n_predict / 2, 100 + uint64_t(pct), "Once upon a time"));
+      stories.push_back(filler(*m, n_ctx * pct / 100, 100 + uint64_t(pct), "Once upon a time"));
     const std::vector<std::pair<std::string, std::string>> names = {{"Lily", "Sparky"}, {"Tom", "Bubbles"}};
     for (size_t i = 0; i < names.size(); ++i) {
       const auto& [who, pet] = names[i];
       const std::string head = "Once upon a time, " + who + " had a dog named " + pet + ". " + pet + " was a happy dog.";
-      facts.push_back(head + " " + filler(*m, n_ctx * 80 / 100 - n_predict, 200 + i, "One day,") + " " + who +
-                      " called the dog. \"" + pet + "!\" said " + who + ". The dog's name was");
+      const std::string tail = " " + who + " called the dog. \"" + pet + "!\" said " + who + ". The dog's name was";
+      // The story between them brings the whole prompt to about 82 % of the context.
+      const int around = int(m->tokenizer().encode(head + tail, true).size());
+      facts.push_back(head + " " + filler(*m, n_ctx * 82 / 100 - around, 200 + i, "One day,") + tail);
     }
     for (const auto& [label, prompts] : {std::pair{"stories", stories}, std::pair{"fact", facts}}) {
       std::string sizes;

@@ -48,6 +48,21 @@ TEST(Cli, GenerateJsonMatchesGolden) {
   EXPECT_EQ(j["stats"]["generated_tokens"], 60);
 }
 
+TEST(Cli, TriForceWithoutItsDraftNeedsOnlyTheTarget) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string base = "generate -m " + refdata("gguf-models/stories-target-1M.gguf") +
+                           " -p 'Once upon a time' -n 40 --temp 0 --json -t 1";
+  auto ar = run(base + " --strategy ar");
+  ASSERT_EQ(ar.status, 0) << ar.out;
+  // The middle level over the retrieval cache drafts for itself: no draft model is given.
+  auto tf = run(base + " --strategy triforce --param use_draft=false --param budget=32");
+  ASSERT_EQ(tf.status, 0) << tf.out;
+  EXPECT_EQ(nlohmann::json::parse(tf.out)["ids"], nlohmann::json::parse(ar.out)["ids"]);
+  auto missing = run(base + " --strategy triforce");
+  EXPECT_NE(missing.status, 0);
+  EXPECT_NE(missing.out.find("\"triforce\" needs a pipeline for role \"draft\""), std::string::npos) << missing.out;
+}
+
 TEST(Cli, GenerateStopsAtBosForLlama2c) {
   SPECMESH_REQUIRE_REFDATA();
   // target-1M ends a story (emits BOS) within 400 tokens of "Once upon a time" (MODELS.md).

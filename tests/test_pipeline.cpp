@@ -173,6 +173,11 @@ TEST(Topology, ErrorsNameFileLineAndKey) {
   // A strategy's roles and parameters come from the registry.
   EXPECT_EQ(err("[models.t]\npath = \"x\"\n[run]\nstrategy = \"spec\"\n"),
             "t.toml:4: run.strategy: \"spec\" needs a pipeline for role \"draft\"");
+  // A parameter may leave a role unused: triforce without its draft needs only the target.
+  EXPECT_EQ(err("[models.t]\npath = \"x\"\n[run]\nstrategy = \"triforce\"\n"),
+            "t.toml:4: run.strategy: \"triforce\" needs a pipeline for role \"draft\"");
+  EXPECT_EQ(err("[models.t]\npath = \"x\"\n[run]\nstrategy = \"triforce\"\n[run.params]\nuse_draft = false\n"),
+            "no error");
   const std::string two = "[models.t]\npath = \"x\"\n[models.d]\npath = \"y\"\n[run]\nmodel = \"t\"\ndraft = \"d\"\n";
   EXPECT_EQ(err(two + "strategy = \"spec\"\n[run.params]\nn_draft = 0\n"),
             "t.toml:10: run.params.n_draft: parameter n_draft (int, 1..64, default 4): must be between 1 and 64, not 0");

@@ -84,10 +84,12 @@ std::string topology(const std::string& target, const std::string& draft, const 
 RuntimeOptions opts(const std::string& transport) { return node_options(transport != "inproc"); }
 
 // With two_drafts, the second draft is the next model after the first that is not the target.
-void expect_lossless(const std::string& strategy, const std::string& transport, int stages, const std::string& params,
+// Returns the runs the strategy cancelled in all.
+int64_t expect_lossless(const std::string& strategy, const std::string& transport, int stages, const std::string& params,
                      bool two_drafts = false,
                      const std::vector<std::string>& prompts = {"Once upon a time", "Lily and Tom"},
                      const std::vector<std::string>& targets = kModels) {
+  int64_t cancelled = 0;
   for (const auto& target : targets) {
     for (const auto& draft : kModels) {
       if (draft == target) continue;
@@ -99,13 +101,15 @@ void expect_lossless(const std::string& strategy, const std::string& transport, 
       auto rt = Runtime::open(topology(target, draft, strategy, stages, transport, params, draft2), opts(transport));
       for (const auto& prompt : prompts) {
         auto r = rt->generate({.prompt = prompt, .n_predict = 48});
-        ASSERT_TRUE(r.ok()) << r.error;
+        EXPECT_TRUE(r.ok()) << r.error;
         EXPECT_EQ(r.ids, reference(target, prompt, 48))
             << strategy << " " << draft << (draft2.empty() ? "" : " + " + draft2) << " -> " << target << " over " << stages << " stages (" << transport << ", "
             << params << "), prompt '" << prompt << "'";
+        cancelled += r.metrics.runs_cancelled;
       }
     }
   }
+  return cancelled;
 }
 
 }  // namespace
@@ -222,7 +226,9 @@ TEST(Lossless, TriForceSingleProcess) {
 
 TEST(Lossless, TriForceOverThreeProcesses) {
   SPECMESH_REQUIRE_REFDATA();
-  expect_lossless("triforce", "ipc", 3, kTriForce, false, kLongPrompts, {"stories260K", "stories-target-1M"});
+  // The lower levels run ahead while the full cache verifies; rejections cancel their runs
+  // across the stage processes.
+  EXPECT_GT(expect_lossless("triforce", "ipc", 3, kTriForce, false, kLongPrompts, {"stories260K", "stories-target-1M"}), 0);
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <stdexcept>
 
@@ -74,16 +75,59 @@ TEST(StrategyTriForce, GreedyOutputIsTheTargetsInEveryMode) {
       with(kSmall, {{"use_draft", false}}),
       with(kSmall, {{"window", 2}, {"sink", 0}}),
   };
+  // Results arrive in launch order, in any order across the roles, with the draft's device
+  // much faster, and with cancels that come too late to stop a run.
+  const std::vector<std::pair<std::string, std::function<FakeHost::Pick()>>> orders = {
+      {"oldest first", [] { return FakeHost::oldest_first(); }},
+      {"shuffled", [] { return FakeHost::shuffled(7); }},
+      {"fast draft", [] { return FakeHost::favour(kDraft, 0.8, 3); }}};
   for (const auto& [name, draft] : drafts)
     for (size_t m = 0; m < modes.size(); ++m)
-      for (int n_batch : {512, 3}) {
-        SCOPED_TRACE("draft " + name + ", mode " + std::to_string(m) + ", n_batch " + std::to_string(n_batch));
-        FakeHost h = make_host(draft, 40, {.n_batch = n_batch});
-        h.start("triforce", modes[m]);
-        h.run_to_end(FakeHost::oldest_first());
-        EXPECT_EQ(h.generated(), greedy);
-        EXPECT_TRUE(h.errors().empty()) << h.errors().front();
+      for (int n_batch : {512, 3})
+        for (const auto& [order, pick] : orders)
+          for (bool late : {false, true}) {
+            SCOPED_TRACE("draft " + name + ", mode " + std::to_string(m) + ", n_batch " + std::to_string(n_batch) + ", " +
+                         order + (late ? ", late cancels" : ""));
+            FakeHost h = make_host(draft, 40, {.n_batch = n_batch, .cancel_too_late = late});
+            h.start("triforce", modes[m]);
+            h.run_to_end(pick());
+            EXPECT_EQ(h.generated(), greedy);
+            EXPECT_TRUE(h.errors().empty()) << h.errors().front();
+          }
+}
+
+TEST(StrategyTriForce, LowerLevelsRunAheadAndDieWithTheirProposal) {
+  // While the full cache verifies, the draft and the middle level go on past the tokens it
+  // verifies; a rejection there cancels their runs still in flight, which were all launched
+  // after that verification (they built on its proposal).
+  const NextToken draft = disagree_at(kTarget, {44, 50, 51, 57, 63, 70}, kVocab);
+  for (const auto& params : {kSmall, with(kSmall, {{"use_draft", false}}), with(kSmall, {{"middle", 0}})}) {
+    FakeHost h = make_host(draft, 40);
+    h.start("triforce", params);
+    // Settle the full cache's runs last whenever something else is pending: the lower
+    // levels get as far ahead as they may.
+    h.run_to_end(FakeHost::favour(kTargetRole, 0.1, 5));
+    ASSERT_TRUE(h.errors().empty()) << h.errors().front();
+    EXPECT_EQ(h.generated(), greedy_continuation(kLongPrompt, kTarget, 40));
+    int ahead = 0, cancelled = 0;
+    uint64_t top = 0;          // the latest full-cache verification launched
+    bool top_pending = false;  // and not yet answered
+    for (const Event& e : h.events()) {
+      if (e.kind == EventKind::launch) {
+        const LaunchRecord& r = h.launch_of(e.run);
+        if (r.role == kTargetRole && !r.speculative) top = e.run, top_pending = true;
+        else if (top_pending) ++ahead;
       }
+      if (e.kind == EventKind::accept) top_pending = false;
+      if (e.kind == EventKind::cancel)
+        for (uint64_t run : e.runs) {
+          ++cancelled;
+          EXPECT_GT(run, top) << "run " << run << " was cancelled, though it did not build on verification " << top;
+        }
+    }
+    EXPECT_GT(ahead, 3);
+    EXPECT_GT(cancelled, 0);
+  }
 }
 
 TEST(StrategyTriForce, LevelsUseTheirSequencesAndViews) {
@@ -253,30 +297,49 @@ double prob(const std::vector<float>& l, int32_t t) {
   return std::exp(double(l[size_t(t)]) - m) / s;
 }
 
-// Chi-square goodness of fit of the first three generated tokens against the target's joint.
-double chi_square_of_triforce(const std::map<std::string, ParamValue>& params, int runs, int* dof) {
+// The target's probability of generating `tail` after `s` plus any `skip` tokens.
+double prob_after(const Oracle& target, std::vector<int32_t> s, int skip, const std::vector<int32_t>& tail) {
+  if (skip > 0) {
+    double sum = 0;
+    for (int32_t t = 0; t < 4; ++t) {
+      const double pt = prob(target(s), t);
+      s.push_back(t);
+      sum += pt * prob_after(target, s, skip - 1, tail);
+      s.pop_back();
+    }
+    return sum;
+  }
+  double p = 1;
+  for (int32_t t : tail) {
+    p *= prob(target(s), t);
+    s.push_back(t);
+  }
+  return p;
+}
+
+// Chi-square goodness of fit of three generated tokens, after the first `skip`, against the
+// target's joint.
+double chi_square_of_triforce(const std::map<std::string, ParamValue>& params, int runs, int* dof, int skip = 0,
+                              const std::function<FakeHost::Pick()>& pick = FakeHost::oldest_first) {
   const Oracle target = spread(1, true), draft = spread(2, false);
   std::map<std::vector<int32_t>, int> counts;
   for (int seed = 0; seed < runs; ++seed) {
-    FakeHost h(kLongPrompt, {.vocab = kVocab, .n_predict = 3, .sampling = {.temperature = 1.0f, .seed = uint64_t(seed)}});
+    FakeHost h(kLongPrompt,
+               {.vocab = kVocab, .n_predict = 3 + skip, .sampling = {.temperature = 1.0f, .seed = uint64_t(seed)}});
     h.script(kTargetRole, target);
     h.script(kDraft, draft);
     h.start("triforce", params);
-    h.run_to_end(FakeHost::oldest_first());
+    h.run_to_end(pick());
     EXPECT_TRUE(h.errors().empty()) << h.errors().front();
-    ++counts[h.generated()];
+    const std::vector<int32_t> g = h.generated();
+    ++counts[std::vector<int32_t>(g.begin() + skip, g.end())];
   }
   double chi2 = 0, rare_obs = 0, rare_exp = 0;
   int cells = 0;
   for (int32_t a = 0; a < 4; ++a)
     for (int32_t b = 0; b < 4; ++b)
       for (int32_t c = 0; c < 4; ++c) {
-        std::vector<int32_t> s = kLongPrompt;
-        double p = prob(target(s), a);
-        s.push_back(a);
-        p *= prob(target(s), b);
-        s.push_back(b);
-        p *= prob(target(s), c);
+        const double p = prob_after(target, kLongPrompt, skip, {a, b, c});
         const double e = p * runs, o = counts[{a, b, c}];
         if (e < 5) {
           rare_obs += o, rare_exp += e;
@@ -301,6 +364,14 @@ TEST(StrategyTriForce, SampledOutputFollowsTheTargetDistribution) {
                              with(kSmall, {{"use_draft", false}})}) {
     int dof = 0;
     const double chi2 = chi_square_of_triforce(params, 6000, &dof);
+    EXPECT_LT(chi2, chi2_critical(dof)) << "chi2 " << chi2 << " with " << dof << " dof";
+    EXPECT_GT(dof, 20);
+  }
+  // Later tokens, which the lower levels' run-ahead proposed while the full cache verified
+  // the tokens before them, with results arriving in any order.
+  for (const auto& params : {with(kSmall, {{"gamma1", 1}, {"gamma2", 1}}), with(kSmall, {{"gamma2", 2}})}) {
+    int dof = 0;
+    const double chi2 = chi_square_of_triforce(params, 6000, &dof, 3, [] { return FakeHost::favour(kTargetRole, 0.2, 11); });
     EXPECT_LT(chi2, chi2_critical(dof)) << "chi2 " << chi2 << " with " << dof << " dof";
     EXPECT_GT(dof, 20);
   }

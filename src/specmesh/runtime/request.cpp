@@ -17,16 +17,16 @@ RequestStrategy request_strategy(const Topology& topo, int n_ctx, const Generati
         "strategy \"" + info.name + "\" cannot run here: " +
         (configured.pair_role.empty() ? "it pairs the target with role \"" + info.pair_role + "\", which this setup does not build"
                                       : "this setup pairs the target's devices for strategy \"" + configured.name + "\""));
-  for (const std::string& role : info.roles)
+  RequestStrategy out;
+  out.info = &info;
+  out.params = info.resolve_text(&info == &configured ? topo.run.params : std::map<std::string, ParamValue>{}, request.params);
+  for (const std::string& role : info.needed_roles(out.params))
     if (!roles.count(role)) {
       std::string have;
       for (const std::string& r : roles) have += (have.empty() ? "" : ", ") + r;
       throw std::invalid_argument("strategy \"" + info.name + "\" needs a pipeline for role \"" + role +
                                   "\", which this setup does not have (roles: " + have + ")");
     }
-  RequestStrategy out;
-  out.info = &info;
-  out.params = info.resolve_text(&info == &configured ? topo.run.params : std::map<std::string, ParamValue>{}, request.params);
   if (info.check) {
     try {
       info.check(out.params, SetupFacts{n_ctx, roles});

@@ -387,8 +387,6 @@ void Topology::check() {
     roles = role_models();
     present.insert(info->pair_role);
   }
-  for (const std::string& role : info->roles)
-    if (!roles.count(role)) fail("run.strategy", "\"" + info->name + "\" needs a pipeline for role \"" + role + "\"");
   for (const auto& [k, v] : run.params) {
     try {
       info->resolve({{k, v}});
@@ -396,9 +394,12 @@ void Topology::check() {
       fail("run.params." + k, err.what());
     }
   }
+  const StrategyParams params = info->resolve(run.params);
+  for (const std::string& role : info->needed_roles(params))
+    if (!roles.count(role)) fail("run.strategy", "\"" + info->name + "\" needs a pipeline for role \"" + role + "\"");
   if (info->check) {
     try {
-      info->check(info->resolve(run.params), {run.n_ctx, present});
+      info->check(params, {run.n_ctx, present});
     } catch (const ParamConflict& c) {
       fail("run.params." + c.key, c.what());
     }

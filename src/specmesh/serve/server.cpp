@@ -162,7 +162,7 @@ void Server::Impl::load_runtime() {
     const auto roles = rt->topology().role_models();
     for (const StrategyInfo& s : specmesh::strategies()) {
       bool runnable = s.pair_role.empty() || s.name == default_strategy;  // a pair is built at load
-      for (const std::string& role : s.roles) runnable = runnable && roles.count(role);
+      for (const std::string& role : s.needed_roles(s.resolve({}))) runnable = runnable && roles.count(role);
       if (runnable) strategies.push_back(s.name);
     }
     runtime = std::move(rt);

@@ -25,6 +25,10 @@ const ParamSpec* StrategyInfo::param(const std::string& key) const {
   return nullptr;
 }
 
+std::vector<std::string> StrategyInfo::needed_roles(const StrategyParams& params) const {
+  return roles_needed ? roles_needed(params) : roles;
+}
+
 StrategyParams StrategyInfo::resolve(const std::map<std::string, ParamValue>& given) const {
   std::map<std::string, ParamValue> values;
   for (const ParamSpec& p : params) values[p.name] = p.default_value();

@@ -34,6 +34,9 @@ struct StrategyInfo {
   std::string name;
   std::string summary;                // one line: what the head does
   std::vector<std::string> roles;     // pipelines it needs, "target" first
+  // Optional: the roles a configuration needs when a parameter leaves some of `roles` unused
+  // (triforce without its draft). Unset: all of `roles`.
+  std::function<std::vector<std::string>(const StrategyParams&)> roles_needed;
   std::vector<ParamSpec> params;
   // Chosen when no strategy is named: the default using the most of the roles present.
   bool default_for_roles = false;
@@ -53,6 +56,8 @@ struct StrategyInfo {
   bool mergeable_runs = false;
 
   const ParamSpec* param(const std::string& key) const;
+  // roles_needed(params) when set, else roles.
+  std::vector<std::string> needed_roles(const StrategyParams& params) const;
   // sequences() when set, else kMaxSeqs; at least 1, at most kMaxSeqs.
   int sequences_for(const StrategyParams& params, const std::set<std::string>& roles) const;
   // Defaults for everything not given; throws std::invalid_argument naming an unknown key

@@ -16,6 +16,17 @@
 // the level's own distribution (verify.hpp), so the output is distributed exactly as the
 // target's; at temperature 0 both levels match greedily and the output is plain decoding's.
 //
+// The levels overlap: while the full cache verifies, the draft and the middle level go on
+// proposing past the tokens it verifies (up to gamma2 more), on the assumption that all of
+// them stand. When the verdict comes, their work survives as far as it agrees with what was
+// accepted (the bonus token included: at temperature 0 it is the argmax either way; at
+// temperature 1 the bonus is drawn from the full cache's row as in a sequential round, and the
+// run-ahead is kept only if its next token is that draw, so what is emitted stays the
+// target's); otherwise the proposal died, and its runs still in flight are cancelled on the
+// priority path, as in PipeInfer, their cells dropped. The draft runs on its own device, so
+// it really works in parallel; middle-level runs queue behind the verification in the
+// target's stages, which overlap them when the stages span processes.
+//
 // Middle and top share the target's pipeline and stages (they may span processes): middle
 // runs go to sequence 1, whose KV view the stages hold (protocol.hpp's view kinds), top runs to
 // sequence 0, which has none. A round starts with sequence 1 = sequence 0's cells (a range
@@ -59,6 +70,8 @@ class TriForce final : public Strategy {
   explicit TriForce(StrategyHost& h) : h_(h), draft_sampler_(h.sampler().params()) {}
 
   void start() override {
+    chain_ = h_.tokens();
+    q_from_ = chain_.size();
     // The draft prefills its StreamingLLM cache while the target prefills the full one; its
     // logits are not awaited.
     if (use_draft_) {
@@ -87,7 +100,8 @@ class TriForce final : public Strategy {
   // --- the full cache alone: prefill and rebuilds --------------------------------------------
 
   // Runs the tokens the full cache lacks (the newest at least) and samples the next token
-  // from the last row; the retrieval cache is then (re)built from that row's query.
+  // from the last row; the retrieval cache is then (re)built from that row's query. The lower
+  // levels are idle: nothing may read sequence 1 while its view changes.
   void full_step() {
     awaited_full_step_ = feed(h_, kTargetRole, full_cached_, sync_cache(h_, kTargetRole, full_cached_, h_.tokens()), 1);
   }
@@ -103,29 +117,52 @@ class TriForce final : public Strategy {
       rolling_.clear();
     }
     if (!h_.accept(h_.sampler().sample(row.data(), h_.vocab()))) return;
-    round();
+    next_round();
   }
 
-  // --- one round of Algorithm 1 ---------------------------------------------------------
+  // --- rounds: the top level is idle and tokens() has grown ----------------------------------
 
-  void round() {
-    if (rebuild_due()) return full_step();
-    mid_.clear();
-    mid_q_.clear();
+  // The lower levels may have run ahead while the top level verified: their work stands
+  // while it extends the accepted tokens, and dies (its runs cancelled) where it does not.
+  void next_round() {
+    if (!lower_agrees()) kill_lower();
+    const size_t n = h_.tokens().size();
+    while (q_from_ < n && !chain_q_.empty()) chain_q_.pop_front(), ++q_from_;
+    if (rebuild_due()) {
+      kill_lower();
+      return full_step();
+    }
     if (middle_ != kNoMiddle) {
-      // Sequence 1 starts as sequence 0 (which holds every accepted token but the newest).
+      // Sequence 1 starts over as sequence 0 (every accepted token but the newest): the
+      // generated tokens' entries are the full cache's, and the middle level's own rows, a
+      // run still in flight included, were scratch.
       h_.kv_ops(kTargetRole, {{KvOpKind::remove, kMiddleSeq, -1, -1, -1}, {KvOpKind::copy, 0, kMiddleSeq, -1, -1}});
       mid_cached_ = full_cached_;
+      ++mid_epoch_;
     }
-    propose();
+    step();
   }
 
-  // The next step of the lower level, or the top level's verification once the middle level
-  // holds gamma2 tokens.
-  void propose() {
-    if (int(mid_.size()) >= gamma2_) return verify_top();
-    drafts_.clear();
-    draft_q_.clear();
+  // Moves whichever level can: the top level verifies once the lower levels hold gamma2
+  // tokens it has not seen; meanwhile the lower levels keep proposing, up to gamma2 tokens
+  // past what the top level is verifying.
+  void step() {
+    const size_t n = h_.tokens().size();
+    const bool lower_busy = awaited_draft_ || awaited_middle_;
+    if (!lower_busy && chain_.size() < n) forget_lower();  // it fell behind: start it from the accepted tokens
+    if (!awaited_top_ && chain_.size() >= n + size_t(gamma2_)) verify_top();
+    const size_t seen = n + sent_.size();
+    const size_t unsent = chain_.size() > seen ? chain_.size() - seen : 0;
+    if (lower_busy) return;
+    // The middle level's fresh entries must leave chunk 0 (the sink) alone.
+    const bool room = middle_ != kRetrieval || int64_t(chain_.size()) + gamma1_ + 1 - fresh_from_ <= budget_ - chunk_;
+    if (awaited_top_) {
+      if (unsent >= size_t(gamma2_) || !room) return;  // enough ahead: wait for the verdict
+    } else if (!room) {
+      if (unsent > 0) return verify_top();
+      kill_lower();
+      return full_step();
+    }
     if (use_draft_) return draft_next();
     middle_run({});
   }
@@ -141,6 +178,49 @@ class TriForce final : public Strategy {
     int64_t acc = 0, drafted = 0;
     for (auto [a, d] : rolling_) acc += a, drafted += d;
     return drafted > 0 && double(acc) < rebuild_below_ * double(drafted);
+  }
+
+  // --- the lower levels' proposal ---------------------------------------------------------
+
+  // Whether the lower levels' tokens (the middle level's chain, then the draft's) agree with
+  // every accepted token they overlap.
+  bool lower_agrees() const {
+    const std::vector<int32_t>& t = h_.tokens();
+    for (size_t i = q_from_; i < t.size(); ++i) {
+      const int32_t mine = i < chain_.size()                   ? chain_[i]
+                           : i - chain_.size() < drafts_.size() ? drafts_[i - chain_.size()]
+                                                                : -1;
+      if (mine < 0) break;
+      if (mine != t[i]) return false;
+    }
+    return true;
+  }
+
+  // The proposal died: its runs still in flight are cancelled (PipeInfer's early cancellation),
+  // their cells dropped, and the lower levels start again from the accepted tokens.
+  void kill_lower() {
+    if (awaited_draft_) {
+      h_.cancel(kDraftRole, {std::exchange(awaited_draft_, 0)});
+      // Whatever of the run a stage processed before the cancel goes with this operation.
+      h_.kv_ops(kDraftRole, {{KvOpKind::remove, 0, -1, int32_t(draft_from_), -1}});
+      draft_cached_.resize(draft_from_);
+    }
+    if (awaited_middle_) h_.cancel(kTargetRole, {std::exchange(awaited_middle_, 0)});
+    if (middle_ != kNoMiddle && mid_epoch_ == middle_epoch_) {
+      // The middle level's rows beyond the accepted tokens are dropped (a round start resets
+      // sequence 1 in any case).
+      h_.kv_ops(kTargetRole, {{KvOpKind::remove, kMiddleSeq, -1, int32_t(full_cached_.size()), -1}});
+      mid_cached_.resize(std::min(mid_cached_.size(), full_cached_.size()));
+    }
+    forget_lower();
+  }
+
+  void forget_lower() {
+    chain_ = h_.tokens();
+    chain_q_.clear();
+    q_from_ = chain_.size();
+    drafts_.clear();
+    draft_q_.clear();
   }
 
   // --- the small draft ---------------------------------------------------------------------
@@ -160,10 +240,11 @@ class TriForce final : public Strategy {
   }
 
   void draft_next() {
-    std::vector<int32_t> all = h_.tokens();
-    all.insert(all.end(), mid_.begin(), mid_.end());
+    std::vector<int32_t> all = chain_;
     all.insert(all.end(), drafts_.begin(), drafts_.end());
-    awaited_draft_ = feed(h_, kDraftRole, draft_cached_, sync_cache(h_, kDraftRole, draft_cached_, streamed(all)), 1);
+    const std::vector<int32_t> todo = sync_cache(h_, kDraftRole, draft_cached_, streamed(all));
+    draft_from_ = draft_cached_.size();
+    awaited_draft_ = feed(h_, kDraftRole, draft_cached_, todo, 1);
   }
 
   void on_draft(uint64_t run, const Logits& l) {
@@ -180,28 +261,38 @@ class TriForce final : public Strategy {
     drafts_.push_back(token);
     if (middle_ == kNoMiddle) {
       // The draft proposes straight to the full cache.
-      mid_.push_back(token);
-      mid_q_.push_back(std::move(draft_q_.back()));
-      return propose();
+      chain_.push_back(token);
+      chain_q_.push_back(std::move(draft_q_.back()));
+      drafts_.clear();
+      draft_q_.clear();
+    } else if (int(drafts_.size()) < gamma1_ && lower_agrees()) {
+      return draft_next();
+    } else if (lower_agrees()) {
+      return middle_run(drafts_);
     }
-    if (int(drafts_.size()) < gamma1_) return draft_next();
-    middle_run(drafts_);
+    if (!lower_agrees()) kill_lower();
+    step();
   }
 
   // --- the middle level --------------------------------------------------------------------
 
-  // One run of sequence 1 through the partial view: the tokens it lacks (the newest at least)
-  // and the drafts, with logits for the last of the former and every draft.
+  // One run of sequence 1 through the partial view: the tokens of the chain it lacks (the
+  // newest at least) and the drafts, with logits for the last of the former and every draft.
   void middle_run(const std::vector<int32_t>& drafts) {
-    std::vector<int32_t> want = h_.tokens();
-    want.insert(want.end(), mid_.begin(), mid_.end());
+    if (mid_cached_.size() >= chain_.size()) {
+      // The chain's last token needs a row of its own (its logits judge the first draft):
+      // after a round start the full cache's copy may already hold it.
+      mid_cached_.resize(chain_.size() - 1);
+      h_.kv_ops(kTargetRole, {{KvOpKind::remove, kMiddleSeq, -1, int32_t(mid_cached_.size()), -1}});
+    }
     Batch b;
-    for (size_t i = mid_cached_.size(); i < want.size(); ++i)
-      b.add(want[i], int32_t(i), seq_bit(kMiddleSeq), i + 1 == want.size());
+    for (size_t i = mid_cached_.size(); i < chain_.size(); ++i)
+      b.add(chain_[i], int32_t(i), seq_bit(kMiddleSeq), i + 1 == chain_.size());
     for (size_t i = 0; i < drafts.size(); ++i)
-      b.add(drafts[i], int32_t(want.size() + i), seq_bit(kMiddleSeq), true);
-    mid_cached_ = want;
-    middle_pos_ = int32_t(want.size());
+      b.add(drafts[i], int32_t(chain_.size() + i), seq_bit(kMiddleSeq), true);
+    mid_cached_ = chain_;
+    middle_pos_ = int32_t(chain_.size());
+    middle_epoch_ = mid_epoch_;
     awaited_middle_ = h_.launch(kTargetRole, b, true);
   }
 
@@ -224,51 +315,64 @@ class TriForce final : public Strategy {
       m.middle_accepted += v.accepted;
       ++m.middle_verifications;
     }
-    // The accepted drafts' rows stay in sequence 1 for the middle level's next run; the
-    // rejected ones' go.
-    mid_cached_.insert(mid_cached_.end(), drafts_.begin(), drafts_.begin() + v.accepted);
-    if (size_t(v.accepted) < k)
-      h_.kv_ops(kTargetRole, {{KvOpKind::remove, kMiddleSeq, -1, middle_pos_ + v.accepted, -1}});
+    if (middle_epoch_ == mid_epoch_) {
+      // The accepted drafts' rows stay in sequence 1 for the middle level's next run; the
+      // rejected ones' go. (After a round start reset sequence 1, none of the run's are there.)
+      mid_cached_.insert(mid_cached_.end(), drafts_.begin(), drafts_.begin() + v.accepted);
+      if (size_t(v.accepted) < k)
+        h_.kv_ops(kTargetRole, {{KvOpKind::remove, kMiddleSeq, -1, middle_pos_ + v.accepted, -1}});
+    }
     // Every token the middle level hands on is a draw from its own distribution at that row.
     for (int i = 0; i <= v.accepted; ++i) {
-      mid_.push_back(i < v.accepted ? drafts_[size_t(i)] : v.next);
-      if (!h_.sampler().greedy()) mid_q_.push_back(std::move(p[size_t(i)]));
+      chain_.push_back(i < v.accepted ? drafts_[size_t(i)] : v.next);
+      chain_q_.push_back(h_.sampler().greedy() ? std::vector<float>{} : std::move(p[size_t(i)]));
     }
-    propose();
+    drafts_.clear();
+    draft_q_.clear();
+    if (!lower_agrees()) kill_lower();
+    step();
   }
 
   // --- the top level ----------------------------------------------------------------------
 
+  // Verifies every chain token past the accepted ones in one run of the full cache.
   void verify_top() {
+    const size_t n = h_.tokens().size();
+    sent_.assign(chain_.begin() + ptrdiff_t(n), chain_.end());
     std::vector<int32_t> pending = sync_cache(h_, kTargetRole, full_cached_, h_.tokens());
-    pending.insert(pending.end(), mid_.begin(), mid_.end());
-    awaited_top_ = feed(h_, kTargetRole, full_cached_, pending, mid_.size() + 1);
+    pending.insert(pending.end(), sent_.begin(), sent_.end());
+    awaited_top_ = feed(h_, kTargetRole, full_cached_, pending, sent_.size() + 1);
   }
 
+  // All accepted: the bonus token is drawn from the full cache's last row as usual, and the
+  // lower levels' run-ahead survives if its next token is that one (exact: what is emitted is
+  // the target's draw, and the tokens after it are drafts the next verification judges).
   void on_top(uint64_t run, const Logits& l) {
     awaited_top_ = 0;
-    const size_t k = mid_.size();
+    const size_t k = sent_.size(), n = h_.tokens().size();
     const int V = h_.vocab();
     const auto rows = rows_of(l, k + 1, V, run);
     Verdict v;
     if (h_.sampler().greedy()) {
-      v = verify_greedy(mid_, rows.data(), V);
+      v = verify_greedy(sent_, rows.data(), V);
     } else {
-      std::vector<std::vector<float>> p;
+      std::vector<std::vector<float>> p, q;
       for (size_t i = 0; i <= k; ++i) p.push_back(h_.sampler().distribution(rows.data() + i * V, V));
-      v = verify_stochastic(mid_, p, mid_q_, h_.sampler());
+      for (size_t i = 0; i < k; ++i) q.push_back(chain_q_[n - q_from_ + i]);
+      v = verify_stochastic(sent_, p, q, h_.sampler());
     }
     SpecMetrics& m = h_.metrics();
     m.drafted += int64_t(k);
     m.verified(v.accepted);
     rolling_.emplace_back(v.accepted, int64_t(k));
     if (rolling_.size() > kRollingWindow) rolling_.pop_front();
+    const std::vector<int32_t> sent = std::exchange(sent_, {});
     for (int i = 0; i < v.accepted; ++i)
-      if (!h_.accept(mid_[size_t(i)])) return;
+      if (!h_.accept(sent[size_t(i)])) return;
     if (!h_.accept(v.next)) return;
     // The rejected tokens' cells leave sequence 0 now, before the next round copies it.
     sync_cache(h_, kTargetRole, full_cached_, h_.tokens());
-    round();
+    next_round();
   }
 
   StrategyHost& h_;
@@ -287,13 +391,23 @@ class TriForce final : public Strategy {
   std::vector<int32_t> full_cached_;   // sequence 0: the full cache
   std::vector<int32_t> mid_cached_;    // sequence 1: what the middle level's rows attend to
   std::vector<int32_t> draft_cached_;  // the draft's StreamingLLM cache, by in-cache position
+  size_t draft_from_ = 0;              // where the awaited draft run's cells start in it
   size_t anchor_ = 0;                  // first token of the draft's recent window
   int32_t fresh_from_ = 0;             // the retrieval cache was built over positions before it
   bool built_ = false;
   int32_t middle_pos_ = 0;             // position of the first draft in the awaited middle run
+  uint64_t mid_epoch_ = 0;             // counts resets of sequence 1
+  uint64_t middle_epoch_ = 0;          // the reset the awaited middle run saw
 
-  std::vector<int32_t> drafts_, mid_;
-  std::vector<std::vector<float>> draft_q_, mid_q_;
+  // The lower levels' proposal: the accepted tokens and then the middle level's (or, without
+  // one, the draft's), with the distribution each was drawn from (chain_q_[i] for position
+  // q_from_ + i); the draft's tokens waiting for the middle level follow in drafts_.
+  std::vector<int32_t> chain_;
+  std::deque<std::vector<float>> chain_q_;
+  size_t q_from_ = 0;
+  std::vector<int32_t> drafts_;
+  std::vector<std::vector<float>> draft_q_;
+  std::vector<int32_t> sent_;  // the chain tokens the awaited top-level run verifies
   std::deque<std::pair<int64_t, int64_t>> rolling_;  // (accepted, proposed) per top verification
   uint64_t awaited_draft_ = 0, awaited_full_step_ = 0, awaited_middle_ = 0, awaited_top_ = 0;
 };
@@ -309,8 +423,13 @@ StrategyInfo strategy_info_triforce() {
               "overwriting the least important entries, rebuilt every `rebuild_every` tokens and when the rolling "
               "acceptance falls below `rebuild_below`), which keeps drafting while it holds fewer than `gamma2` tokens "
               "and hands them to the target over its full cache, verified in one run; exact residual sampling at both "
-              "levels; `middle` and `use_draft` give the paper's ablations";
+              "levels; the lower levels run ahead while the full cache verifies, and their runs are cancelled when the "
+              "proposal they extend dies; `middle` and `use_draft` give the paper's ablations (`use_draft = false` needs "
+              "no draft)";
   s.roles = {kTargetRole, kDraftRole};
+  s.roles_needed = [](const StrategyParams& p) {
+    return p.flag("use_draft") ? std::vector<std::string>{kTargetRole, kDraftRole} : std::vector<std::string>{kTargetRole};
+  };
   s.params = {
       {"budget", ParamType::Int, 1, 1 << 20, 64, "retrieval cache: KV entries per layer and KV head (a multiple of chunk)"},
       {"chunk", ParamType::Int, 1, 4096, 8, "retrieval cache: positions per scored chunk"},
