@@ -239,7 +239,8 @@ int main(int argc, char** argv) {
   app.add_option("--only", only, "besides ar, only the variants whose label contains this (--speed)");
   CLI11_PARSE(app, argc, argv);
   try {
-    if (do_table1) return table1(refdata, targets, n_predict, seeds);
+    // The topology files go to a temporary folder: model paths in them must be absolute.
+    if (do_table1) return table1(std::filesystem::absolute(refdata).string(), targets, n_predict, seeds);
     if (!speed_target.empty()) {
       if (draft.empty()) throw std::invalid_argument("--speed needs --draft");
       return speed(speed_target, draft, prompt_tokens, n_predict, budget, gamma1, gamma2, threads, reps, only);
