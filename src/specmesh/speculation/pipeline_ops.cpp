@@ -15,10 +15,10 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
 }  // namespace
 
 std::vector<int32_t> sync_cache(StrategyHost& host, const std::string& role, std::vector<int32_t>& cached,
-                                const std::vector<int32_t>& want) {
+                                const std::vector<int32_t>& want, int32_t seq) {
   // The last wanted token is always fed again: its logits are what the caller is after.
   const size_t keep = std::min(common_prefix(cached, want), want.empty() ? 0 : want.size() - 1);
-  if (keep < cached.size()) host.kv_ops(role, {{KvOpKind::remove, 0, -1, int32_t(keep), -1}});
+  if (keep < cached.size()) host.kv_ops(role, {{KvOpKind::remove, seq, -1, int32_t(keep), -1}});
   cached.resize(keep);
   return {want.begin() + keep, want.end()};
 }

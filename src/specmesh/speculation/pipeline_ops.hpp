@@ -10,11 +10,11 @@
 
 namespace specmesh {
 
-// A pipeline's sequence 0 is tracked by the strategy as `cached`, the tokens its cache holds.
-// sync_cache drops what diverged from `want` (and the last wanted token, whose logits the
-// caller needs) with a cache operation, and returns the tokens still to feed.
+// A pipeline's KV sequence (0 unless given) is tracked by the strategy as `cached`, the tokens
+// its cache holds. sync_cache drops what diverged from `want` (and the last wanted token, whose
+// logits the caller needs) with a cache operation, and returns the tokens still to feed.
 std::vector<int32_t> sync_cache(StrategyHost& host, const std::string& role, std::vector<int32_t>& cached,
-                                const std::vector<int32_t>& want);
+                                const std::vector<int32_t>& want, int32_t seq = 0);
 // Feeds `toks` after `cached` into sequence 0, in chunks of n_batch, with logits for the last
 // `tail` of them; returns the id of the last run.
 uint64_t feed(StrategyHost& host, const std::string& role, std::vector<int32_t>& cached,

@@ -51,6 +51,7 @@
 // `use_draft` = false lets the middle level propose by itself (retrieval without hierarchy).
 #include <algorithm>
 #include <deque>
+#include <span>
 
 #include "specmesh/speculation/pipeline_ops.hpp"
 #include "specmesh/speculation/registry.hpp"
@@ -127,7 +128,9 @@ class TriForce final : public Strategy {
   void next_round() {
     if (!lower_agrees()) kill_lower();
     const size_t n = h_.tokens().size();
-    while (q_from_ < n && !chain_q_.empty()) chain_q_.pop_front(), ++q_from_;
+    const size_t done = std::min(chain_q_.size(), n > q_from_ ? n - q_from_ : 0);
+    chain_q_.erase(chain_q_.begin(), chain_q_.begin() + ptrdiff_t(done));
+    q_from_ += done;
     if (rebuild_due()) {
       kill_lower();
       return full_step();
@@ -155,7 +158,7 @@ class TriForce final : public Strategy {
     const size_t unsent = chain_.size() > seen ? chain_.size() - seen : 0;
     if (lower_busy) return;
     // The middle level's fresh entries must leave chunk 0 (the sink) alone.
-    const bool room = middle_ != kRetrieval || int64_t(chain_.size()) + gamma1_ + 1 - fresh_from_ <= budget_ - chunk_;
+    const bool room = fits(chain_.size() + size_t(gamma1_));
     if (awaited_top_) {
       if (unsent >= size_t(gamma2_) || !room) return;  // enough ahead: wait for the verdict
     } else if (!room) {
@@ -167,12 +170,17 @@ class TriForce final : public Strategy {
     middle_run({});
   }
 
+  // Whether the middle level's entries up to position `last` leave chunk 0 (the sink) alone:
+  // the retrieval view's fresh entries, from fresh_from_ on, overwrite the others.
+  bool fits(size_t last) const {
+    return middle_ != kRetrieval || int64_t(last) + 1 - fresh_from_ <= int64_t(budget_ - chunk_);
+  }
+
   bool rebuild_due() const {
     if (middle_ != kRetrieval) return false;
     const int32_t n = int32_t(h_.tokens().size());
-    // The highest position a round's middle level queries is about n + gamma2 + gamma1; its
-    // fresh entries must leave chunk 0 (the sink) alone.
-    if (n + gamma1_ + gamma2_ + 1 - fresh_from_ > budget_ - chunk_) return true;
+    // The highest position a round's middle level queries is about n + gamma2 + gamma1.
+    if (!fits(size_t(n + gamma1_ + gamma2_))) return true;
     if (rebuild_every_ > 0 && n - fresh_from_ >= rebuild_every_) return true;
     if (rolling_.size() < kRollingWindow) return false;
     int64_t acc = 0, drafted = 0;
@@ -265,13 +273,14 @@ class TriForce final : public Strategy {
       chain_q_.push_back(std::move(draft_q_.back()));
       drafts_.clear();
       draft_q_.clear();
-    } else if (int(drafts_.size()) < gamma1_ && lower_agrees()) {
-      return draft_next();
-    } else if (lower_agrees()) {
-      return middle_run(drafts_);
     }
-    if (!lower_agrees()) kill_lower();
-    step();
+    if (!lower_agrees()) {
+      kill_lower();
+      return step();
+    }
+    if (middle_ == kNoMiddle) return step();
+    if (int(drafts_.size()) < gamma1_) return draft_next();
+    middle_run(drafts_);
   }
 
   // --- the middle level --------------------------------------------------------------------
@@ -279,15 +288,12 @@ class TriForce final : public Strategy {
   // One run of sequence 1 through the partial view: the tokens of the chain it lacks (the
   // newest at least) and the drafts, with logits for the last of the former and every draft.
   void middle_run(const std::vector<int32_t>& drafts) {
-    if (mid_cached_.size() >= chain_.size()) {
-      // The chain's last token needs a row of its own (its logits judge the first draft):
-      // after a round start the full cache's copy may already hold it.
-      mid_cached_.resize(chain_.size() - 1);
-      h_.kv_ops(kTargetRole, {{KvOpKind::remove, kMiddleSeq, -1, int32_t(mid_cached_.size()), -1}});
-    }
+    // The chain's last token always gets a row of its own (its logits judge the first draft),
+    // even when the full cache's copy, after a round start, already holds it.
+    const std::vector<int32_t> todo = sync_cache(h_, kTargetRole, mid_cached_, chain_, kMiddleSeq);
     Batch b;
-    for (size_t i = mid_cached_.size(); i < chain_.size(); ++i)
-      b.add(chain_[i], int32_t(i), seq_bit(kMiddleSeq), i + 1 == chain_.size());
+    for (size_t i = 0; i < todo.size(); ++i)
+      b.add(todo[i], int32_t(mid_cached_.size() + i), seq_bit(kMiddleSeq), i + 1 == todo.size());
     for (size_t i = 0; i < drafts.size(); ++i)
       b.add(drafts[i], int32_t(chain_.size() + i), seq_bit(kMiddleSeq), true);
     mid_cached_ = chain_;
@@ -356,10 +362,9 @@ class TriForce final : public Strategy {
     if (h_.sampler().greedy()) {
       v = verify_greedy(sent_, rows.data(), V);
     } else {
-      std::vector<std::vector<float>> p, q;
+      std::vector<std::vector<float>> p;
       for (size_t i = 0; i <= k; ++i) p.push_back(h_.sampler().distribution(rows.data() + i * V, V));
-      for (size_t i = 0; i < k; ++i) q.push_back(chain_q_[n - q_from_ + i]);
-      v = verify_stochastic(sent_, p, q, h_.sampler());
+      v = verify_stochastic(sent_, p, std::span(chain_q_).subspan(n - q_from_, k), h_.sampler());
     }
     SpecMetrics& m = h_.metrics();
     m.drafted += int64_t(k);
@@ -403,7 +408,7 @@ class TriForce final : public Strategy {
   // one, the draft's), with the distribution each was drawn from (chain_q_[i] for position
   // q_from_ + i); the draft's tokens waiting for the middle level follow in drafts_.
   std::vector<int32_t> chain_;
-  std::deque<std::vector<float>> chain_q_;
+  std::vector<std::vector<float>> chain_q_;
   size_t q_from_ = 0;
   std::vector<int32_t> drafts_;
   std::vector<std::vector<float>> draft_q_;
