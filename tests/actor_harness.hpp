@@ -40,6 +40,7 @@ inline GatewayConfig quick_gateway(std::string node, std::string bind, std::map<
   c.peers = std::move(peers);
   c.heartbeat = std::chrono::milliseconds(50);
   c.peer_timeout = std::chrono::milliseconds(250);
+  c.first_contact_timeout = c.peer_timeout;
   c.linger = std::chrono::milliseconds(0);
   return c;
 }

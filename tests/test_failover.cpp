@@ -62,6 +62,7 @@ TEST(FailoverPlan, MovesEveryStageOfTheLostNodeAndRewiresItsNeighbours) {
   EXPECT_EQ(r.epoch, 7u);
   EXPECT_FALSE(r.done);
   EXPECT_EQ(plan->notify, (std::vector<std::string>{"head", "n0", "n2", "spare", "spare2"}));
+  EXPECT_EQ(plan->awaited, plan->notify);
   const PipelineRef& p = cfg.pipelines.at(kTargetRole);
   EXPECT_EQ(p.nodes, (std::vector<std::string>{"n0", "spare", "n2"}));
   EXPECT_EQ(p.first_node, "n0");
@@ -71,8 +72,12 @@ TEST(FailoverPlan, MovesEveryStageOfTheLostNodeAndRewiresItsNeighbours) {
   EXPECT_EQ(cfg.standbys[0].device, "sb2");
 
   // The first stage: work now comes from the head to the standby.
-  auto first = plan_failover(cfg, "n0", [](const std::string& n) { return n != "n0"; }, 8);
+  // n2 is unreachable too: it still gets the replans (queued until it is back), but nobody
+  // waits for its answer.
+  auto first = plan_failover(cfg, "n0", [](const std::string& n) { return n != "n0" && n != "n2"; }, 8);
   ASSERT_TRUE(first);
+  EXPECT_EQ(first->notify, (std::vector<std::string>{"head", "n1", "n2", "spare", "spare2"}));
+  EXPECT_EQ(first->awaited, (std::vector<std::string>{"head", "n1", "spare", "spare2"}));
   EXPECT_EQ(first->replans[0].upstream, "head");
   EXPECT_EQ(first->replans[0].next_node, "spare");
   EXPECT_EQ(cfg.pipelines.at(kTargetRole).first_node, "spare2");

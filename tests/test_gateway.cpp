@@ -518,13 +518,17 @@ TEST(Gateway, DetectsFrozenPeerWhoseConnectionStaysUp) {
   EXPECT_TRUE(wait_until([&] { return g.peer_alive("raw"); }));
 }
 
+// A peer never heard from is given first_contact_timeout (not peer_timeout) to appear.
 TEST(Gateway, ReportsPeerThatNeverAppears) {
   System s;
   auto cfg = config("a", ipc_ep(), {{"ghost", ipc_ep()}});
+  cfg.first_contact_timeout = 1200ms;
+  const auto t0 = std::chrono::steady_clock::now();
   Gateway a(cfg);
   Inbox errors(*s.sys);
   a.subscribe(MsgType::error, errors.handle());
-  auto e = errors.next(2s);
+  auto e = errors.next(5s);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, cfg.first_contact_timeout) << "reported before its first contact was due";
   ASSERT_TRUE(e);
   const auto& err = std::get<Error>(e->second.payload);
   EXPECT_EQ(err.code, ErrorCode::peer_down);
@@ -557,6 +561,9 @@ TEST(Gateway, RejectsBadConfigClearly) {
   EXPECT_THROW(Gateway(config("a", "udp://127.0.0.1:5", {})), std::invalid_argument);
   EXPECT_THROW(Gateway(config("a", "tcp://127.0.0.1:notaport", {})), std::invalid_argument);
   EXPECT_THROW(Gateway(config("a", ipc_ep(), {{"b", "tcp://127.0.0.1"}})), std::invalid_argument);
+  GatewayConfig impatient = config("a", ipc_ep(), {});
+  impatient.first_contact_timeout = impatient.peer_timeout / 2;
+  EXPECT_THROW(Gateway{impatient}, std::invalid_argument);
   EXPECT_EQ(control_endpoint_for("ipc:///tmp/x"), "ipc:///tmp/x.ctl");
   EXPECT_EQ(control_endpoint_for("inproc://x"), "inproc://x.ctl");
   EXPECT_EQ(control_endpoint_for("tcp://[::1]:7000"), "tcp://[::1]:7001");

@@ -52,8 +52,11 @@ std::optional<FailoverPlan> plan_failover(HeadConfig& cfg, const std::string& do
     }
     if (!p.nodes.empty()) p.first_node = p.nodes.front();
   }
-  for (const std::string& n : cfg.nodes)
-    if (n != down && alive(n)) plan.notify.push_back(n);
+  for (const std::string& n : cfg.nodes) {
+    if (n == down) continue;
+    plan.notify.push_back(n);
+    if (alive(n)) plan.awaited.push_back(n);
+  }
   return plan;
 }
 

@@ -26,7 +26,10 @@ struct FailoverPlan {
   std::string down;                   // the node that stopped answering
   Standby standby;                    // where its stages go
   std::vector<Replan> replans;        // one per moved stage
-  std::vector<std::string> notify;    // live nodes that get every replan and answer each
+  // Every node but `down` gets every replan; a node unreachable now gets them (queued by the
+  // gateway) when it comes back, so it never keeps refusing the standby's work.
+  std::vector<std::string> notify;
+  std::vector<std::string> awaited;   // the live ones of `notify`: the sessions wait for their answers
 };
 
 // Moves every stage placed on `down` onto the first standby whose node is alive and not

@@ -203,11 +203,10 @@ void on_peer_down(HeadState& st, const std::string& node) {
   f.epoch = st.epochs;
   f.began = std::chrono::steady_clock::now();
   f.deadline = f.began + st.cfg.failover_timeout;
+  for (const std::string& n : plan->awaited)
+    for (const Replan& r : plan->replans) f.awaiting.insert(replan_key(n, r));
   for (const std::string& n : plan->notify)
-    for (const Replan& r : plan->replans) {
-      f.awaiting.insert(replan_key(n, r));
-      st.cfg.router->send(n, make_envelope(0, r));
-    }
+    for (const Replan& r : plan->replans) st.cfg.router->send(n, make_envelope(0, r));
   f.plan = std::move(*plan);
   st.failover = std::move(f);
 }

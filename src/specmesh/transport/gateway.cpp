@@ -46,6 +46,8 @@ GatewayConfig checked(GatewayConfig c) {
   if (c.peers.count(c.node)) throw std::invalid_argument("gateway '" + c.node + "': peers must not include itself");
   if (c.heartbeat.count() <= 0 || c.peer_timeout <= c.heartbeat)
     throw std::invalid_argument("gateway '" + c.node + "': need 0 < heartbeat < peer_timeout");
+  if (c.first_contact_timeout < c.peer_timeout)
+    throw std::invalid_argument("gateway '" + c.node + "': need first_contact_timeout >= peer_timeout");
   if (c.curve) check_curve(c);
   return c;
 }

@@ -70,6 +70,10 @@ struct GatewayConfig {
   std::map<std::string, std::string> peers;  // peer name -> its data endpoint
   std::chrono::milliseconds heartbeat{100};     // application + ZMTP heartbeat interval
   std::chrono::milliseconds peer_timeout{300};  // silence after which a peer is reported down
+  // How long a peer never heard from may take to appear before it is reported unreachable:
+  // processes started together come up seconds apart on a loaded machine, and a peer that is
+  // merely late must not be taken for one that died.
+  std::chrono::milliseconds first_contact_timeout{10000};
   std::chrono::milliseconds linger{200};        // ZMQ_LINGER: bounded wait for unsent data at close
   bool allow_non_loopback = false;              // permit binding tcp to non-loopback interfaces (needs curve)
   int64_t max_message_bytes = int64_t{1} << 31; // ZMQ_MAXMSGSIZE per frame on our listening sockets

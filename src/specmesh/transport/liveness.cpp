@@ -40,7 +40,7 @@ void Liveness::tick(Clock::time_point now) {
   }
   for (std::size_t i = 0; i < peers_.size(); ++i) {
     Peer& p = peers_[i];
-    if (p.reported_down || now - p.last_heard < cfg_.peer_timeout) continue;
+    if (p.reported_down || now - p.last_heard < timeout(p)) continue;
     p.reported_down = true;
     p.alive.store(false, std::memory_order_relaxed);
     const Link& l = links_[i];
@@ -57,7 +57,7 @@ void Liveness::tick(Clock::time_point now) {
 Clock::time_point Liveness::next_tick() const {
   auto d = next_heartbeat_;
   for (const auto& p : peers_)
-    if (!p.reported_down) d = std::min(d, p.last_heard + cfg_.peer_timeout);
+    if (!p.reported_down) d = std::min(d, p.last_heard + timeout(p));
   return d;
 }
 

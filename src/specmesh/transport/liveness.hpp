@@ -5,7 +5,7 @@
 // whose process is gone, frozen or whose gateway stopped serving. When a peer has been silent
 // for peer_timeout, error subscribers receive an Error{code = peer_down, peer = name} envelope
 // (run_id 0) once; the peer counts as alive again when it is heard from. A peer never heard
-// from is reported the same way ("not reachable") peer_timeout after the gateway starts.
+// from is reported the same way ("not reachable") first_contact_timeout after the gateway starts.
 #pragma once
 
 #include "specmesh/transport/delivery.hpp"
@@ -40,6 +40,10 @@ class Liveness {
     std::atomic<bool> alive{false};
   };
   void send_heartbeats();
+  // The silence after which `p` is reported down.
+  std::chrono::milliseconds timeout(const Peer& p) const {
+    return p.ever_heard ? cfg_.peer_timeout : cfg_.first_contact_timeout;
+  }
 
   const GatewayConfig& cfg_;
   Links& links_;
