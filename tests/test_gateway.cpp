@@ -173,6 +173,35 @@ TEST(Gateway, EverySubscriberReceives) {
   EXPECT_FALSE(x.next(100ms)) << "unsubscribed actor still receives";
 }
 
+// Work a peer sends before anyone here subscribed is held; an actor that takes several types
+// in one subscribe() gets it in the order it was sent, across types (a run must not overtake
+// the cache operation sent before it). Types it did not take stay held for their subscriber.
+TEST(Gateway, HeldWorkKeepsItsOrderAcrossTypes) {
+  System s;
+  auto ea = ipc_ep(), eb = ipc_ep();
+  Gateway a(config("a", ea, {{"b", eb}}));
+  Gateway b(config("b", eb, {{"a", ea}}));
+  RunStart run;
+  run.pipeline = "target";
+  ASSERT_TRUE(a.send("b", make_envelope(1, KvCacheOp{"target", 0, {{KvOpKind::remove, -1, -1, -1, -1}}})));
+  ASSERT_TRUE(a.send("b", make_envelope(2, run)));
+  ASSERT_TRUE(a.send("b", make_envelope(3, Logits{"target", {0}, float_tensor({1, 8}, 0.0f)})));
+  ASSERT_TRUE(a.send("b", make_envelope(4, KvCacheOp{"target", 0, {{KvOpKind::keep, 0, -1, -1, -1}}})));
+  ASSERT_TRUE(a.send("b", make_envelope(5, run)));
+  ASSERT_TRUE(wait_until([&] { return b.stats().held == 5; })) << "the messages were not held";
+  Inbox work(*s.sys), logits(*s.sys);
+  b.subscribe({MsgType::run_start, MsgType::kv_cache_op}, work.handle());
+  std::vector<uint64_t> order;
+  for (int i = 0; i < 4; ++i)
+    if (auto m = work.next()) order.push_back(m->second.run_id);
+  EXPECT_EQ(order, (std::vector<uint64_t>{1, 2, 4, 5}));
+  b.subscribe(MsgType::logits, logits.handle());
+  auto l = logits.next();
+  ASSERT_TRUE(l);
+  EXPECT_EQ(l->second.run_id, 3u);
+  EXPECT_FALSE(work.next(50ms));
+}
+
 std::string thread_name() {
   char buf[32] = {};
   pthread_getname_np(pthread_self(), buf, sizeof buf);

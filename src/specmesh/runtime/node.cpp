@@ -150,18 +150,18 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
     actors_.push_back(head_);
     // The head's handlers are short (sample, launch the next run): running them on the
     // gateway thread saves a thread wake-up per token.
-    gateway_->subscribe(MsgType::logits, head_, Delivery::inline_io);
-    gateway_->subscribe(MsgType::error, head_, Delivery::inline_io);
-    gateway_->subscribe(MsgType::hidden_states, head_, Delivery::inline_io);
+    gateway_->subscribe({MsgType::logits, MsgType::error, MsgType::hidden_states}, head_, Delivery::inline_io);
   }
   const caf::actor manager = spawn_manager(sys, topo, models);
   dispatcher_ = spawn_dispatcher(sys, node, topo.head_node, routes, head_, manager, dispatch_stats_);
   actors_.push_back(manager);
   actors_.push_back(dispatcher_);
   router_->set_local(dispatcher_);
-  for (MsgType t : {MsgType::run_start, MsgType::activations, MsgType::kv_cache_op, MsgType::cancel,
-                    MsgType::attention_sync, MsgType::replan})
-    gateway_->subscribe(t, dispatcher_, Delivery::inline_io);  // it only forwards
+  // One call: work held from before keeps its order across types (a run never overtakes the
+  // cache operation sent before it).
+  gateway_->subscribe({MsgType::run_start, MsgType::activations, MsgType::kv_cache_op, MsgType::cancel,
+                       MsgType::attention_sync, MsgType::replan},
+                      dispatcher_, Delivery::inline_io);  // it only forwards
 }
 
 // The node's side of a failover: starts the moved stage when its device is here, retargets

@@ -9,6 +9,8 @@
 #include <caf/resumable.hpp>
 #include <caf/scheduler/abstract_coordinator.hpp>
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include <stdexcept>
@@ -75,23 +77,30 @@ caf::message_id message_id_for(MsgType t) {
 Subscriptions::Subscriptions(std::string node) : node_(std::move(node)) {}
 Subscriptions::~Subscriptions() = default;
 
-void Subscriptions::subscribe(MsgType type, caf::actor who, Delivery how) {
+void Subscriptions::subscribe(const std::vector<MsgType>& types, caf::actor who, Delivery how) {
   if (!who) throw std::invalid_argument("Gateway::subscribe: invalid actor handle");
   std::lock_guard<std::mutex> g(mu_);
-  auto& held = held_[static_cast<std::size_t>(type)];
   // The I/O thread waits on mu_ meanwhile, so nothing newer overtakes the held messages.
-  for (auto& [from, env] : held) {
+  auto wanted = [&](MsgType t) { return std::find(types.begin(), types.end(), t) != types.end(); };
+  std::erase_if(held_, [&](Held& h) {
+    if (!wanted(h.env.type())) return false;
     n_delivered_.fetch_add(1, std::memory_order_relaxed);
-    caf::actor_cast<caf::abstract_actor*>(who)->enqueue(
-        caf::make_mailbox_element(nullptr, message_id_for(env.type()), {}, from, std::move(env)), nullptr);
-  }
-  held.clear();
-  subs_[static_cast<std::size_t>(type)].push_back({std::move(who), how});
+    const auto id = message_id_for(h.env.type());
+    caf::actor_cast<caf::abstract_actor*>(who)->enqueue(caf::make_mailbox_element(nullptr, id, {}, h.from, std::move(h.env)),
+                                                        nullptr);
+    return true;
+  });
+  for (MsgType t : types) subs_[static_cast<std::size_t>(t)].push_back({who, how});
 }
 
 void Subscriptions::unsubscribe(const caf::actor& who) {
   std::lock_guard<std::mutex> g(mu_);
   for (auto& v : subs_) std::erase_if(v, [&](const Subscriber& s) { return s.actor == who; });
+}
+
+uint64_t Subscriptions::held() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return held_.size();
 }
 
 bool Subscriptions::has_subscriber(MsgType type) const {
@@ -106,13 +115,13 @@ void Subscriptions::deliver(const std::string& from, Envelope&& env) {
     std::lock_guard<std::mutex> g(mu_);
     targets_ = subs_[static_cast<std::size_t>(env.type())];
     if (targets_.empty()) {
-      auto& h = held_[static_cast<std::size_t>(env.type())];
-      if (h.size() >= kMaxHeld) {
-        h.pop_front();
+      if (held_.size() >= kMaxHeld) {
+        spdlog::debug("gateway '{}': no subscriber for {} from '{}'", node_, to_string(held_.front().env.type()),
+                      held_.front().from);
+        held_.pop_front();
         n_unrouted_.fetch_add(1, std::memory_order_relaxed);
-        spdlog::debug("gateway '{}': no subscriber for {} from '{}'", node_, to_string(env.type()), from);
       }
-      h.emplace_back(from, std::move(env));
+      held_.push_back({from, std::move(env)});
       return;
     }
   }

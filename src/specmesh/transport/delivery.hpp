@@ -15,7 +15,9 @@
 //
 // Peers may talk before this process has subscribed its actors: messages of a type nobody
 // subscribed to yet are held (bounded; the oldest goes when full) and go to the first
-// subscriber, in order, before anything newer.
+// subscriber, in order, before anything newer. An actor that takes several types subscribes
+// to them in one call: held messages of all of them then reach it in the order they arrived
+// (subscribed one type at a time, a run could overtake the cache operation sent before it).
 #pragma once
 
 #include "specmesh/messages/protocol.hpp"
@@ -45,8 +47,8 @@ class Subscriptions {
   Subscriptions(const Subscriptions&) = delete;
   Subscriptions& operator=(const Subscriptions&) = delete;
 
-  // Any thread. Held messages of `type` go to `who` first.
-  void subscribe(MsgType type, caf::actor who, Delivery how);
+  // Any thread. Held messages of these types go to `who` first, in arrival order.
+  void subscribe(const std::vector<MsgType>& types, caf::actor who, Delivery how);
   void unsubscribe(const caf::actor& who);
   bool has_subscriber(MsgType type) const;
 
@@ -55,6 +57,7 @@ class Subscriptions {
 
   uint64_t delivered() const { return n_delivered_.load(); }
   uint64_t unrouted() const { return n_unrouted_.load(); }
+  uint64_t held() const;
 
  private:
   struct Subscriber {
@@ -68,7 +71,11 @@ class Subscriptions {
   std::string node_;
   mutable std::mutex mu_;
   std::array<std::vector<Subscriber>, kMsgTypeMax + 1> subs_;                       // guarded by mu_
-  std::array<std::deque<std::pair<std::string, Envelope>>, kMsgTypeMax + 1> held_;  // guarded by mu_
+  struct Held {
+    std::string from;
+    Envelope env;
+  };
+  std::deque<Held> held_;  // guarded by mu_; every type, in arrival order
   std::unique_ptr<InlineUnit> inline_unit_;  // I/O thread only; created on first inline delivery
   std::vector<Subscriber> targets_;          // I/O-thread scratch
   std::atomic<uint64_t> n_delivered_{0}, n_unrouted_{0};

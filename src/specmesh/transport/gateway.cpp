@@ -80,7 +80,10 @@ Gateway::~Gateway() = default;
 
 bool Gateway::send(const std::string& peer, Envelope env) { return impl_->links.send(peer, std::move(env)); }
 
-void Gateway::subscribe(MsgType type, caf::actor who, Delivery how) { impl_->subs.subscribe(type, std::move(who), how); }
+void Gateway::subscribe(MsgType type, caf::actor who, Delivery how) { impl_->subs.subscribe({type}, std::move(who), how); }
+void Gateway::subscribe(const std::vector<MsgType>& types, caf::actor who, Delivery how) {
+  impl_->subs.subscribe(types, std::move(who), how);
+}
 void Gateway::unsubscribe(const caf::actor& who) { impl_->subs.unsubscribe(who); }
 
 GatewayStats Gateway::stats() const {
@@ -89,6 +92,7 @@ GatewayStats Gateway::stats() const {
   s.received = impl_->links.received();
   s.delivered = impl_->subs.delivered();
   s.unrouted = impl_->subs.unrouted();
+  s.held = impl_->subs.held();
   s.send_dropped = impl_->liveness.heartbeats_dropped();
   s.handshakes_failed = impl_->links.handshakes_failed();
   s.auth_denied = impl_->links.auth_denied();

@@ -124,6 +124,7 @@ struct GatewayStats {
   uint64_t received = 0;     // messages accepted (including heartbeats)
   uint64_t delivered = 0;    // deliveries to local actors (one per subscriber)
   uint64_t unrouted = 0;     // messages dropped while held for a type nobody subscribed to yet
+  uint64_t held = 0;         // messages held now for a type nobody subscribed to yet
   uint64_t send_dropped = 0; // heartbeats dropped because the peer's queue was full
   // CURVE (tcp only): handshakes that failed on our sockets, either end (a peer without keys
   // or with wrong keys, a key we refused or one a peer refused), and the part of them our ZAP
@@ -156,6 +157,9 @@ class Gateway {
   // Heartbeats are consumed by the gateway unless someone subscribes to them.
   // Throws std::invalid_argument for an invalid handle.
   void subscribe(MsgType type, caf::actor who, Delivery how = Delivery::scheduled);
+  // The same for several types at once: messages held before (sent before anyone subscribed)
+  // reach `who` in the order they arrived, whatever their types.
+  void subscribe(const std::vector<MsgType>& types, caf::actor who, Delivery how = Delivery::scheduled);
   // Removes `who` from all subscriptions. The gateway holds strong references to subscribers
   // until then (or until it is destroyed).
   void unsubscribe(const caf::actor& who);
