@@ -50,6 +50,20 @@ std::vector<int32_t> greedy_continuation(std::vector<int32_t> seq, const NextTok
   return out;
 }
 
+std::vector<int32_t> greedy_shifting(std::vector<int32_t> seq, const NextToken& next, int n, int n_ctx, int n_keep) {
+  std::vector<int32_t> out;
+  while (int(out.size()) < n) {
+    const int32_t t = next(seq);
+    out.push_back(t);
+    seq.push_back(t);
+    if (int(seq.size()) > n_ctx) {
+      const int cached = int(seq.size()) - 1, discard = (cached - n_keep) / 2;
+      seq.erase(seq.begin() + n_keep, seq.begin() + n_keep + discard);
+    }
+  }
+  return out;
+}
+
 FakeHost::FakeHost(std::vector<int32_t> prompt, FakeHostOptions o)
     : opt_(o), prompt_(prompt), tokens_(std::move(prompt)), sampler_(o.sampling) {}
 
@@ -87,10 +101,13 @@ std::vector<Event> FakeHost::events(EventKind kind, const std::string& role) con
   return out;
 }
 
-std::vector<int32_t> FakeHost::generated() const { return {tokens_.begin() + prompt_.size(), tokens_.end()}; }
 
 uint64_t FakeHost::launch(const std::string& role, const Batch& batch, bool speculative) {
   const uint64_t run = next_run_++;
+  for (int32_t pos : batch.pos)
+    if (pos >= opt_.n_ctx)
+      error(role + " run " + std::to_string(run) + " at position " + std::to_string(pos) + ", past the context of " +
+            std::to_string(opt_.n_ctx));
   LaunchRecord r;
   r.run = run;
   r.role = role;
@@ -128,11 +145,27 @@ bool FakeHost::accept(int32_t token) {
     return false;
   }
   tokens_.push_back(token);
-  if (int(generated().size()) >= opt_.n_predict) {
+  emitted_.push_back(token);
+  if (int(emitted_.size()) >= opt_.n_predict) {
     finish();
     return false;
   }
-  return true;
+  if (int(tokens_.size()) <= opt_.n_ctx) return true;
+  if (!opt_.context_shift) {
+    finish();
+    return false;
+  }
+  // As HeadHost::shift_context: the newest token is not cached yet.
+  const int cached = int(tokens_.size()) - 1;
+  const int keep = std::clamp(opt_.n_keep, 0, cached), discard = (cached - keep) / 2;
+  const std::vector<KvOp> ops = {{KvOpKind::remove, -1, -1, keep, keep + discard},
+                                 {KvOpKind::shift, -1, -1, keep + discard, -1, -discard}};
+  for (const auto& [role, oracle] : oracles_) kv_ops(role, ops);
+  tokens_.erase(tokens_.begin() + keep, tokens_.begin() + keep + discard);
+  ++shifts_;
+  if (strategy_ && strategy_->context_shifted(keep, discard)) return true;
+  finish("the strategy cannot follow a context shift");
+  return false;
 }
 
 void FakeHost::finish(std::string err) {
@@ -175,9 +208,12 @@ void FakeHost::apply(Stage& st, const std::string& role, const KvOp& op) {
         if (op.seq != op.dst_seq && (c.seqs & seq_bit(op.seq)) && in_range(c.pos)) c.seqs |= seq_bit(op.dst_seq);
         break;
       case KvOpKind::keep: c.seqs &= seq_bit(op.seq); break;
-      case KvOpKind::shift:
-        if (in_range(c.pos) && (op.seq < 0 || (c.seqs & seq_bit(op.seq)))) c.pos += op.delta;
+      case KvOpKind::shift: {  // sequences op.seq..op.dst_seq (when above it), each cell once
+        SeqSet which = 0;
+        for (int s = std::max(op.seq, 0); s <= std::max(op.seq, op.dst_seq); ++s) which |= seq_bit(s);
+        if (in_range(c.pos) && (op.seq < 0 || (c.seqs & which))) c.pos += op.delta;
         break;
+      }
       default: break;
     }
   }

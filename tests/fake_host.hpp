@@ -40,6 +40,9 @@ NextToken disagree_at(NextToken target, std::vector<int32_t> positions, int n_vo
 // What plain greedy decoding with `next` emits after the prompt: up to n tokens, ending
 // before `stop`.
 std::vector<int32_t> greedy_continuation(std::vector<int32_t> prompt, const NextToken& next, int n, int32_t stop = -1);
+// The same with llama.cpp's context shift: once the tokens exceed n_ctx, the first n_keep stay
+// and half of the rest after them go.
+std::vector<int32_t> greedy_shifting(std::vector<int32_t> prompt, const NextToken& next, int n, int n_ctx, int n_keep);
 
 struct LaunchRecord {
   uint64_t run = 0;
@@ -75,6 +78,12 @@ struct FakeHostOptions {
   SamplerParams sampling{};
   // Cancels reach the stage only after it ran the run, so its logits arrive all the same.
   bool cancel_too_late = false;
+  // Positions a session may use (a run past them is an error). When an accepted token fills
+  // them, the host shifts as the head does (keeping n_keep tokens, dropping half the rest)
+  // with context_shift, and ends the session (no error) without it.
+  int n_ctx = 1 << 30;
+  bool context_shift = false;
+  int n_keep = 0;
 };
 
 class FakeHost final : public StrategyHost {
@@ -113,7 +122,7 @@ class FakeHost final : public StrategyHost {
   const std::deque<LaunchRecord>& launches() const { return launches_; }
   std::vector<const LaunchRecord*> launches(const std::string& role) const;
   const LaunchRecord& launch_of(uint64_t run) const;
-  std::vector<int32_t> generated() const;  // accepted tokens after the prompt
+  const std::vector<int32_t>& generated() const { return emitted_; }  // every accepted token
   // Everything that went wrong: incoherent caches, accepts after the end, strategy errors.
   const std::vector<std::string>& errors() const { return errors_; }
   bool strategy_alive() const { return bool(strategy_); }
@@ -132,6 +141,8 @@ class FakeHost final : public StrategyHost {
   bool has_role(const std::string& role) const override { return oracles_.count(role) > 0; }
   int vocab() const override { return opt_.vocab; }
   int n_batch() const override { return opt_.n_batch; }
+  int n_ctx() const override { return opt_.n_ctx; }
+  int context_shifts() const { return shifts_; }
   const StrategyParams& params() const override { return params_; }
 
  private:
@@ -158,7 +169,7 @@ class FakeHost final : public StrategyHost {
   void after_message();
 
   FakeHostOptions opt_;
-  std::vector<int32_t> prompt_, tokens_;
+  std::vector<int32_t> prompt_, tokens_, emitted_;
   Sampler sampler_;
   SpecMetrics metrics_;
   StrategyParams params_;
@@ -170,6 +181,7 @@ class FakeHost final : public StrategyHost {
   std::vector<std::string> errors_;
   uint64_t next_run_ = 1;
   bool done_ = false;
+  int shifts_ = 0;
 };
 
 // The scripted setup the strategy tests share: a 32-token vocabulary, a short prompt, a target

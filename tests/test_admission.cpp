@@ -97,6 +97,9 @@ TEST(KvOpsProblem, OnlySequencesTheCacheHas) {
   EXPECT_NE(kv_ops_problem({{KvOpKind::copy, 0, 64, 0, -1}}), "");
   EXPECT_NE(kv_ops_problem({{KvOpKind::copy, -1, 3, 0, -1}}), "") << "copy from 'every sequence'";
   EXPECT_NE(kv_ops_problem({{KvOpKind::keep, -1, -1, -1, -1}}), "");
+  EXPECT_EQ(kv_ops_problem({{KvOpKind::shift, 2, 4, 10, -1, -4}}), "") << "a shift of sequences 2..4";
+  EXPECT_NE(kv_ops_problem({{KvOpKind::shift, 4, 2, 10, -1, -4}}), "") << "a range that ends before it starts";
+  EXPECT_NE(kv_ops_problem({{KvOpKind::shift, 2, 64, 10, -1, -4}}), "");
   EXPECT_NE(kv_ops_problem({{KvOpKind::remove, 64, -1, -1, -1}}), "");
   EXPECT_EQ(kv_ops_problem({{KvOpKind::remove, 0, -1, -1, -1}, {KvOpKind::copy, 2, 70, 0, -1}}),
             "sequence id 70 out of range (the KV cache has 64 sequences, 0..63)");

@@ -4,6 +4,8 @@
 // or ends the generation with a clear error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -333,6 +335,20 @@ TEST(ContextShift, KvCacheMovesPositionsAndFreesCellsMovedBelowZero) {
   EXPECT_EQ(kv.cell(5).pos, 2);
   EXPECT_EQ(kv.seq_pos_max(0), 2);
   EXPECT_EQ(kv.seq_pos_max(1), 1);
+
+  // A range of sequences moves each cell once, however many of them it is in (a session's
+  // shift: its canonical cells are in its branch sequences too).
+  KvCache shared(8, 0, 1, 4);
+  Batch s;
+  for (int32_t p = 0; p < 4; ++p) s.add(p, p, seq_bit(1) | seq_bit(2), false);
+  s.add(9, 4, seq_bit(3), false);
+  s.add(7, 4, seq_bit(5), false);  // another session's
+  shared.place(s);
+  EXPECT_EQ(shared.seq_add(1, 1, -1, -1, 3), (std::vector<int32_t>{1, 2, 3, 4}));
+  EXPECT_EQ(shared.seq_pos_max(1), 2);
+  EXPECT_EQ(shared.seq_pos_max(2), 2);
+  EXPECT_EQ(shared.seq_pos_max(3), 3);
+  EXPECT_EQ(shared.seq_pos_max(5), 4);
 }
 
 namespace {
@@ -363,22 +379,26 @@ std::vector<int32_t> shifting_reference(const Model& m, int n_ctx, const std::ve
 
 }  // namespace
 
-TEST(ContextShift, ArGoesOnPastAFullContextAsLlamaCppDoes) {
+TEST(ContextShift, EveryStrategyGoesOnPastAFullContextAsLlamaCppDoes) {
   SPECMESH_REQUIRE_REFDATA();
   const int ctx = 64, n = 150;
-  Runtime rt(setup(2 * ctx, false), sessions(2));
+  Runtime rt(setup(2 * ctx, true), sessions(2));
   ASSERT_EQ(rt.session_context(), ctx);
   const std::string prompt = "Once upon a time, there was a little girl";
   auto m = Model::load(refdata(kTarget));
   const auto prompt_ids = m->tokenizer().encode_prompt(prompt, false);
+  for (const char* strategy : {"ar", "spec", "pipeinfer"})
   for (int n_keep : {0, 4}) {
     const auto want = shifting_reference(*m, ctx, prompt_ids, n, n_keep);
     // Beside it, a plain session that must not notice.
-    auto other = rt.submit({.prompt = "The little dog", .n_predict = 30, .ignore_eos = true});
-    GenerationRequest req{.prompt = prompt, .n_predict = n, .ignore_eos = true, .context_shift = true, .n_keep = n_keep};
+    auto other = rt.submit({.prompt = "The little dog", .n_predict = 30, .ignore_eos = true, .strategy = "ar"});
+    GenerationRequest req{.prompt = prompt, .n_predict = n, .ignore_eos = true, .strategy = strategy,
+                          .context_shift = true, .n_keep = n_keep};
     GenerationResult r = rt.generate(req);
-    ASSERT_TRUE(r.ok()) << r.error;
-    EXPECT_EQ(r.ids, want) << "n_keep " << n_keep;
+    ASSERT_TRUE(r.ok()) << strategy << ": " << r.error;
+    EXPECT_EQ(r.ids, want) << strategy << ", n_keep " << n_keep << ", first difference at token "
+                           << std::mismatch(r.ids.begin(), r.ids.end(), want.begin(), want.end()).first - r.ids.begin()
+                           << " of " << r.ids.size() << " (prompt " << prompt_ids.size() << ")";
     EXPECT_GE(r.context_shifts, 2);
     GenerationResult o = other->wait();
     EXPECT_TRUE(o.ok()) << o.error;

@@ -84,7 +84,8 @@ std::string kv_ops_problem(const std::vector<KvOp>& ops) {
     const bool seq_bad = op.kind == KvOpKind::remove || op.kind == KvOpKind::shift || op.kind == KvOpKind::unview
                              ? op.seq < -1 || op.seq >= kMaxSeqs
                              : bad(op.seq);
-    const bool dst_bad = op.kind == KvOpKind::copy && bad(op.dst_seq);
+    const bool dst_bad = (op.kind == KvOpKind::copy && bad(op.dst_seq)) ||
+                         (op.kind == KvOpKind::shift && op.dst_seq >= 0 && (op.dst_seq < op.seq || bad(op.dst_seq)));
     if (seq_bad || dst_bad)
       return "sequence id " + std::to_string(seq_bad ? op.seq : op.dst_seq) + " out of range (the KV cache has " +
              std::to_string(kMaxSeqs) + " sequences, 0.." + std::to_string(kMaxSeqs - 1) + ")";

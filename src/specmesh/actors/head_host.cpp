@@ -58,13 +58,18 @@ int HeadHost::translate(int seq) const {
   return seq + seqs_.base;
 }
 
-// Operations on "every sequence" (remove -1, shift -1, unview -1, keep) become operations on
-// each of the session's sequences; the others move into its range.
+// Operations on "every sequence" (remove -1, unview -1, keep) become operations on each of the
+// session's sequences, a shift -1 one shift of its range (each cell moves once); the others
+// move into its range.
 std::vector<KvOp> HeadHost::translate(std::vector<KvOp> ops) const {
   if (seqs_.whole()) return ops;
   std::vector<KvOp> out;
   for (KvOp op : ops) {
-    if ((op.kind == KvOpKind::remove || op.kind == KvOpKind::shift || op.kind == KvOpKind::unview) && op.seq < 0) {
+    if (op.kind == KvOpKind::shift && op.seq < 0) {
+      op.seq = seqs_.base;
+      op.dst_seq = seqs_.base + seqs_.count - 1;
+      out.push_back(op);
+    } else if ((op.kind == KvOpKind::remove || op.kind == KvOpKind::unview) && op.seq < 0) {
       // Emptying every sequence (a new session) also drops their views, as it does unscoped.
       const bool emptied = op.kind == KvOpKind::remove && op.pos_begin < 0 && op.pos_end < 0;
       for (int s = 0; s < seqs_.count; ++s) {

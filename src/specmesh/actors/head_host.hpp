@@ -55,6 +55,7 @@ class HeadHost final : public StrategyHost {
   bool has_role(const std::string& role) const override;
   int vocab() const override { return cfg_.target().model->hparams().n_vocab; }
   int n_batch() const override { return cfg_.n_batch; }
+  int n_ctx() const override { return cfg_.session_ctx; }
   const StrategyParams& params() const override { return params_; }
   int sequences() const override { return seqs_.count; }
 

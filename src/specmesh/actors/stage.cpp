@@ -126,7 +126,7 @@ void apply_kv_ops(Context& ctx, const std::vector<KvOp>& ops) {
         if (op.seq < 0 && op.pos_begin < 0 && op.pos_end < 0) unview(-1);  // a new session
         break;
       case KvOpKind::keep: kv.seq_keep(op.seq); break;
-      case KvOpKind::shift: ctx.shift_positions(op.seq, op.pos_begin, op.pos_end, op.delta); break;
+      case KvOpKind::shift: ctx.shift_positions(op.seq, op.pos_begin, op.pos_end, op.delta, op.dst_seq); break;
       case KvOpKind::window: ctx.set_view(op.seq, std::make_shared<SinkWindowView>(op.pos_begin, op.pos_end)); break;
       case KvOpKind::retrieve:
         ctx.set_view(op.seq, build_retrieval_view(ctx, op.pos_begin, op.dst_seq, op.pos_end));

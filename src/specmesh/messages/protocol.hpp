@@ -213,10 +213,12 @@ struct AttentionSync {
 };
 
 // KV-cache edits with llama.cpp semantics over position ranges [pos_begin, pos_end);
-// a negative bound means open-ended. dst_seq is used by copy only. shift adds `delta` to the
+// a negative bound means open-ended. dst_seq is copy's destination. shift adds `delta` to the
 // positions of the sequence's cells in the range (llama.cpp's seq_add) and rotates their
-// cached keys by it, so they read as if computed at the new positions (llama.cpp's K-shift).
-// remove, shift and unview take seq -1 for every sequence.
+// cached keys by it, so they read as if computed at the new positions (llama.cpp's K-shift);
+// a shift's dst_seq >= seq makes it the last of a range of sequences seq..dst_seq whose cells
+// move once each, however many of them a cell is in (one shift per sequence would move a
+// shared cell several times). remove, shift and unview take seq -1 for every sequence.
 //
 // The view kinds set which cells attention of sequence `seq` reads (model/kv_view.hpp); the
 // cells themselves stay as they are:

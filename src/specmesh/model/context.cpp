@@ -48,8 +48,8 @@ ForwardOutput Context::forward(const Batch& batch, const float* hidden_in) {
   return out;
 }
 
-void Context::shift_positions(int seq, int32_t p0, int32_t p1, int32_t delta) {
-  const std::vector<int32_t> cells = kv_.seq_add(seq, p0, p1, delta);
+void Context::shift_positions(int seq, int32_t p0, int32_t p1, int32_t delta, int seq_last) {
+  const std::vector<int32_t> cells = kv_.seq_add(seq, p0, p1, delta, seq_last);
   const HParams& hp = model_.hparams();
   const size_t KV = size_t(hp.kv_dim());
   for (int il = begin_; il < end_; ++il) {

@@ -75,7 +75,8 @@ class Context {
   // their cached keys by delta in every layer of this context, as llama.cpp's K-shift does:
   // RoPE rotations compose, so a key rotated for position p and then by delta equals the key
   // rotated for p + delta (up to rounding), for either rope style.
-  void shift_positions(int seq, int32_t p0, int32_t p1, int32_t delta);
+  // seq_last as KvCache::seq_add's.
+  void shift_positions(int seq, int32_t p0, int32_t p1, int32_t delta, int seq_last = -1);
 
   // Attention of tokens in sequence `seq` reads the cells `view` selects (nullptr: every
   // visible cell, the default). A token in several sequences uses the lowest one's view.

@@ -91,12 +91,14 @@ void KvCache::seq_keep(int seq) {
   }
 }
 
-std::vector<int32_t> KvCache::seq_add(int seq, int32_t p0, int32_t p1, int32_t delta) {
+std::vector<int32_t> KvCache::seq_add(int seq, int32_t p0, int32_t p1, int32_t delta, int seq_last) {
   std::vector<int32_t> moved;
   if (delta == 0) return moved;
+  SeqSet which = 0;
+  for (int s = std::max(seq, 0); s <= std::max(seq, seq_last) && s < kMaxSeqs; ++s) which |= seq_bit(s);
   for (int i = 0; i < n_cells(); ++i) {
     KvCell& c = cells_[size_t(i)];
-    if (c.empty() || !in_range(c.pos, p0, p1) || (seq >= 0 && !(c.seqs & seq_bit(seq)))) continue;
+    if (c.empty() || !in_range(c.pos, p0, p1) || (seq >= 0 && !(c.seqs & which))) continue;
     c.pos += delta;
     if (c.pos < 0) {
       c = {};

@@ -55,10 +55,11 @@ class KvCache {
   void seq_rm(int seq, int32_t p0, int32_t p1);          // seq < 0: every sequence
   void seq_cp(int src, int dst, int32_t p0, int32_t p1);  // dst joins src's cells in range
   void seq_keep(int seq);                                // drop every other sequence
-  // Adds delta to the positions of the cells of `seq` (seq < 0: every sequence) in [p0, p1)
-  // and returns the cells moved (llama.cpp's seq_add); a cell moved below position 0 is freed.
-  // Their keys still carry the old rotation: Context::shift_positions re-rotates them.
-  std::vector<int32_t> seq_add(int seq, int32_t p0, int32_t p1, int32_t delta);
+  // Adds delta to the positions of the cells of `seq` (seq < 0: every sequence; with
+  // seq_last >= seq: any of seq..seq_last, each cell once) in [p0, p1) and returns the cells
+  // moved (llama.cpp's seq_add); a cell moved below position 0 is freed. Their keys still carry
+  // the old rotation: Context::shift_positions re-rotates them.
+  std::vector<int32_t> seq_add(int seq, int32_t p0, int32_t p1, int32_t delta, int seq_last = -1);
   void clear();
   int32_t seq_pos_max(int seq) const;                    // -1 when empty
 

@@ -15,6 +15,9 @@ namespace specmesh {
 // logits the caller needs) with a cache operation, and returns the tokens still to feed.
 std::vector<int32_t> sync_cache(StrategyHost& host, const std::string& role, std::vector<int32_t>& cached,
                                 const std::vector<int32_t>& want, int32_t seq = 0);
+// Follows a context shift (Strategy::context_shifted) in `cached`: the tokens at
+// [n_keep, n_keep + n_discard) are gone and the later ones moved down, as in the cache.
+void shift_cached(std::vector<int32_t>& cached, int n_keep, int n_discard);
 // Feeds `toks` after `cached` into sequence 0, in chunks of n_batch, with logits for the last
 // `tail` of them; returns the id of the last run.
 uint64_t feed(StrategyHost& host, const std::string& role, std::vector<int32_t>& cached,

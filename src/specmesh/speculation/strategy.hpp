@@ -54,6 +54,9 @@ class StrategyHost {
   virtual bool has_role(const std::string& role) const = 0;
   virtual int vocab() const = 0;
   virtual int n_batch() const = 0;              // most tokens one run may carry
+  // Positions a session may use: every run's positions stay below it. When accepting a token
+  // fills it, the host shifts the context (Strategy::context_shifted) or ends the session.
+  virtual int n_ctx() const = 0;
   virtual const StrategyParams& params() const = 0;
   // KV sequences the strategy may use, 0 .. sequences() - 1 (the head gives each session a
   // range of the cache's sequences and translates these ids into it).

@@ -153,6 +153,39 @@ class PipeInfer final : public Strategy {
     pump();
   }
 
+  // The accept() that filled the context took a token from a row at position n_ctx - 1, the
+  // last position any run may hold (see wants_more), so every row still in flight is at a
+  // position already decided and can yield nothing. The shift's cache operations (on every
+  // sequence) are on their way: the accepted tokens' cells become canonical at their new
+  // positions, every branch and run goes, and speculation starts again from the accepted
+  // tokens, as after the prompt.
+  bool context_shifted(int n_keep, int n_discard) override {
+    auto moved = [&](int32_t len) { return len <= n_keep ? len : std::max<int32_t>(n_keep, len - n_discard); };
+    canon_len_ = moved(canon_len_);
+    draft_canon_ = moved(draft_canon_);
+    const int32_t cached = accepted() - 1;
+    if (accepting_src_ > 0 && canon_len_ < cached) {
+      c_.kv_ops(target(), {{KvOpKind::copy, accepting_src_, 0, canon_len_, cached}});
+      canon_len_ = cached;
+    }
+    abandon();
+    std::vector<KvOp> ops;
+    for (const Branch& b : branches_) {
+      ops.push_back({KvOpKind::remove, b.seq, -1, -1, -1});
+      free_.push_back(b.seq);
+    }
+    branches_.clear();
+    if (!ops.empty()) {
+      c_.kv_ops(target(), ops);
+      c_.kv_ops(draft(), std::move(ops));
+    }
+    drafting_ = false;
+    step_.clear();
+    awaited_run_ = 0;
+    ++shifts_;
+    return true;
+  }
+
  private:
   static const char* target() { return kTargetRole; }
   static const char* draft() { return kDraftRole; }
@@ -188,13 +221,18 @@ class PipeInfer final : public Strategy {
   bool verify(const RunInfo& r, const Logits& l) {
     const int V = c_.vocab();
     const std::vector<float> logits = rows_of(l, r.rows.size(), V, r.id);
+    const int shifts = shifts_;
     int gained = 0;
     for (;;) {
       const int32_t last = accepted() - 1;
       auto row = std::find_if(r.rows.begin(), r.rows.end(), [&](const Row& x) { return x.pos == last && agrees(r, x); });
       if (row == r.rows.end()) break;
       ++gained;
+      accepting_src_ = 0;  // the sequence holding the row's cell and those before it
+      for (const auto& [id, seq] : row->owners)
+        if (find(id)) accepting_src_ = seq;
       if (!c_.accept(c_.sampler().sample(logits.data() + size_t(row - r.rows.begin()) * V, V))) break;
+      if (shifts_ != shifts) break;  // the context shifted: this run's rows are stale (context_shifted)
     }
     // The accepted rows' cells become canonical (they are in the sequence of every branch
     // through them, and those branches are all alive: they agree with the accepted tokens).
@@ -217,7 +255,7 @@ class PipeInfer final : public Strategy {
     }
     if (gained == 0) ++mt.runs_wasted;
     if (c_.done()) return false;
-    if (r.speculative && upto > canon_len_) {
+    if (r.speculative && upto > canon_len_ && shifts_ == shifts) {
       c_.kv_ops(target(), {{KvOpKind::copy, src, 0, canon_len_, upto}});
       canon_len_ = upto;
     }
@@ -321,7 +359,8 @@ class PipeInfer final : public Strategy {
     const Branch& main = branches_.front();
     size_t tokens = 0;
     for (const RunInfo& r : inflight_) tokens += r.rows.size();
-    if (int(inflight_.size()) < max_runs_ && main.launched - accepted() < max_runs_ * max_micro_batch_ &&
+    const bool more = std::any_of(branches_.begin(), branches_.end(), [&](const Branch& b) { return pending(b) > 0 || wants_more(b); });
+    if (more && int(inflight_.size()) < max_runs_ && main.launched - accepted() < max_runs_ * max_micro_batch_ &&
         tokens < size_t(max_runs_) * size_t(max_micro_batch_))
       start_round();
   }
@@ -333,7 +372,7 @@ class PipeInfer final : public Strategy {
     drafting_ = true;
     branch_off();
     round_main_ = branches_.front().id;
-    for (Branch& b : branches_) b.active = pending(b) < room(b);
+    for (Branch& b : branches_) b.active = wants_more(b);
     draft_step();
   }
 
@@ -343,6 +382,9 @@ class PipeInfer final : public Strategy {
   int32_t room(const Branch& b) const {
     return b.path.size() < branches_.front().path.size() ? 2 * max_micro_batch_ : max_micro_batch_;
   }
+  // Whether the draft should extend a branch: it has room in this run, and its next token's
+  // position is inside the context (runs never go past it; the host shifts or ends there).
+  bool wants_more(const Branch& b) const { return pending(b) < room(b) && int32_t(b.path.size()) < c_.n_ctx(); }
 
   // One draft run: every active branch's tokens the draft has not seen, with logits for the
   // last (the draft's next token for it).
@@ -396,6 +438,10 @@ class PipeInfer final : public Strategy {
   // The draft's logits after a branch's whole path: its next token, unless the draft's doubt
   // ends the branch's part of this round.
   void take(Branch& b, const float* row) {
+    if (int32_t(b.path.size()) >= c_.n_ctx()) {
+      b.active = false;
+      return;
+    }
     const int V = c_.vocab();
     const float conf = top_probability(row, V);
     // Every branch launches at least one token per run, so that a branch the target takes
@@ -429,7 +475,7 @@ class PipeInfer final : public Strategy {
     b.runner.push_back(cand.front().first);
     b.runner_p.push_back(cand.front().second);
     b.more.emplace_back(cand.begin() + 1, cand.end());
-    b.active = pending(b) < room(b);
+    b.active = wants_more(b);
   }
 
   // How likely the draft thinks the target takes a branch: the product of its probabilities
@@ -506,7 +552,7 @@ class PipeInfer final : public Strategy {
     // pending tokens below q become rows the next run shares.
     c.launched = std::min(m.launched, q);
     c.drafted = std::min(m.drafted, q);
-    c.active = drafting_ && pending(c) < room(c);
+    c.active = drafting_ && wants_more(c);
     c_.kv_ops(target(), {{KvOpKind::copy, m.seq, c.seq, 0, c.launched}});
     c_.kv_ops(draft(), {{KvOpKind::copy, m.seq, c.seq, 0, c.drafted}});
     branches_.push_back(std::move(c));
@@ -564,6 +610,8 @@ class PipeInfer final : public Strategy {
   uint64_t round_main_ = 0;
   std::vector<std::pair<uint64_t, size_t>> step_;
   uint64_t awaited_run_ = 0;
+  int accepting_src_ = 0;  // verify(): the sequence of the row whose token is being accepted
+  int shifts_ = 0;         // context shifts so far
   float cut_;
   int burst_ = 0;
 };

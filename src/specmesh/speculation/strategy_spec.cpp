@@ -20,7 +20,7 @@ class Speculative final : public Strategy {
  public:
   explicit Speculative(StrategyHost& h) : h_(h), draft_sampler_(h.sampler().params()) {}
 
-  void start() override { draft_next(); }
+  void start() override { next_round(); }
 
   void on_logits(uint64_t run, const Logits& l) override {
     if (l.pipeline == kDraftRole) {
@@ -30,7 +30,20 @@ class Speculative final : public Strategy {
     }
   }
 
+  // A shift comes from the last accept() of a verification, when nothing is in flight.
+  bool context_shifted(int n_keep, int n_discard) override {
+    shift_cached(target_cached_, n_keep, n_discard);
+    shift_cached(draft_cached_, n_keep, n_discard);
+    return true;
+  }
+
  private:
+  // The drafts a verification may carry: n_draft, fewer near the end of the context (the
+  // drafts go at positions tokens().size() onwards).
+  int draft_room() const { return std::min(n_draft_, h_.n_ctx() - int(h_.tokens().size())); }
+
+  void next_round() { draft_room() > 0 ? draft_next() : verify(); }
+
   void draft_next() {
     std::vector<int32_t> want = h_.tokens();
     want.insert(want.end(), drafts_.begin(), drafts_.end());
@@ -49,7 +62,7 @@ class Speculative final : public Strategy {
         drafts_.push_back(h_.sampler().sample_from(q_.back()));
       }
     }
-    if (confident && int(drafts_.size()) < n_draft_) return draft_next();
+    if (confident && int(drafts_.size()) < draft_room()) return draft_next();
     verify();
   }
 
@@ -80,7 +93,7 @@ class Speculative final : public Strategy {
     for (int32_t t : proposal)
       if (!h_.accept(t)) return;
     if (!h_.accept(v.next)) return;
-    draft_next();
+    next_round();
   }
 
   StrategyHost& h_;
