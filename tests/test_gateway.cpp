@@ -568,6 +568,18 @@ TEST(Gateway, ReportsPeerThatNeverAppears) {
 
 // --- configuration ------------------------------------------------------------------------
 
+// A topology draws all its ports before any is bound: a range once handed out is never handed
+// out again, so two nodes of one test never share a port (300 random pairs would collide
+// several times otherwise).
+TEST(Gateway, FreePortRangesNeverOverlap) {
+  std::set<int> ports;
+  for (int i = 0; i < 300; ++i) {
+    const int p = free_port_pair();
+    EXPECT_TRUE(ports.insert(p).second) << p;
+    EXPECT_TRUE(ports.insert(p + 1).second) << p + 1;
+  }
+}
+
 TEST(Gateway, BindsLoopbackOnlyUnlessAllowed) {
   int port = free_port_pair();
   for (std::string host : {"0.0.0.0", "*", "10.1.2.3", "eth0", "localhost", "127.evil.example", "[::]"}) {

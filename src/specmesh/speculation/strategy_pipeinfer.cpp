@@ -359,7 +359,9 @@ class PipeInfer final : public Strategy {
     const Branch& main = branches_.front();
     size_t tokens = 0;
     for (const RunInfo& r : inflight_) tokens += r.rows.size();
-    const bool more = std::any_of(branches_.begin(), branches_.end(), [&](const Branch& b) { return pending(b) > 0 || wants_more(b); });
+    // Near the end of the context every branch may be launched to its last position.
+    const bool more =
+        std::any_of(branches_.begin(), branches_.end(), [&](const Branch& b) { return pending(b) > 0 || wants_more(b); });
     if (more && int(inflight_.size()) < max_runs_ && main.launched - accepted() < max_runs_ * max_micro_batch_ &&
         tokens < size_t(max_runs_) * size_t(max_micro_batch_))
       start_round();

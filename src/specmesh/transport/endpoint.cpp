@@ -8,7 +8,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <random>
+#include <set>
 #include <stdexcept>
 
 #include "specmesh/transport/gateway.hpp"
@@ -103,12 +105,17 @@ std::string endpoint_in_use(const std::string& ep) {
 }
 
 int free_port_range(int count) {
+  static std::mutex mu;
+  static std::set<int> handed_out;
+  std::lock_guard<std::mutex> lock(mu);
   std::random_device rd;
   for (int attempt = 0; attempt < 200; ++attempt) {
     const int port = 10000 + int(rd() % uint32_t(22000 - count));
     bool ok = true;
-    for (int p = port; ok && p < port + count; ++p) ok = !tcp_taken("127.0.0.1", p);
-    if (ok) return port;
+    for (int p = port; ok && p < port + count; ++p) ok = !handed_out.count(p) && !tcp_taken("127.0.0.1", p);
+    if (!ok) continue;
+    for (int p = port; p < port + count; ++p) handed_out.insert(p);
+    return port;
   }
   throw std::runtime_error("no " + std::to_string(count) + " consecutive free tcp ports below 32000 on 127.0.0.1");
 }

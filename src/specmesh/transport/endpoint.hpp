@@ -27,7 +27,9 @@ std::string endpoint_in_use(const std::string& endpoint);
 // The first of `count` consecutive tcp ports that are all free on 127.0.0.1 right now, drawn
 // below the kernel's ephemeral range (32768 and up on Linux): a port the kernel hands out can
 // be taken again, between this check and the bind, as the local port of any outgoing
-// connection. Throws std::runtime_error when no such range turns up.
+// connection. A port this process handed out before is never handed out again (it is free
+// until its caller binds it, and several endpoints are usually drawn before any is bound).
+// Throws std::runtime_error when no such range turns up.
 int free_port_range(int count);
 
 }  // namespace specmesh
