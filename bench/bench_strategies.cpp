@@ -252,11 +252,6 @@ int main(int argc, char** argv) {
         // --tune: the strategy at the registry's defaults, and at its best point of the grid
         // (every combination of the grid's parameters the strategy takes).
         const StrategyInfo& info = *variant.info;
-        Variant d = variant;
-        d.defaults = true;
-        d.label = info.name + "@default";
-        report(d.label, measure(d));
-        labels.push_back(d.label);
         std::vector<std::map<std::string, double>> points{{}};
         for (const auto& [k, values] : kTuneGrid) {
           if (!info.param(k)) continue;
@@ -268,6 +263,12 @@ int main(int argc, char** argv) {
             }
           points = std::move(next);
         }
+        if (points.front().empty()) continue;  // the grid has none of its parameters: nothing to tune
+        Variant d = variant;
+        d.defaults = true;
+        d.label = info.name + "@default";
+        report(d.label, measure(d));
+        labels.push_back(d.label);
         Measured best;
         std::string best_note;
         for (const auto& pt : points) {

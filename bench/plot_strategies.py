@@ -43,7 +43,9 @@ def main(src, out):
         ax.set_xticks(range(len(pairs)), pairs, fontsize=7)
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
-    axes[0].legend(fontsize=8)
+    # Below the panels, one row per few strategies: inside, it would hide the bars.
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=min(len(strategies), 5), fontsize=8)
+    legend_rows = (len(strategies) + 4) // 5
     axes[0].set_title(f"{base} target stages, emulated devices")
 
     if panels == 3:
@@ -62,7 +64,7 @@ def main(src, out):
         ax.set_xticks(stages)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.02 + 0.045 * legend_rows, 1, 1))
     fig.savefig(out, dpi=110)
 
 
