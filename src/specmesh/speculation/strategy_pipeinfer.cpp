@@ -4,9 +4,9 @@
 // (which writes straight into the canonical sequence 0 and always completes), unless a
 // speculative run already carries it on a path the accepted tokens agree with, whose logits
 // then serve just as well. Whenever fewer than max_runs target runs are in flight, the head
-// asks the draft for a micro-batch of 1-4 tokens per speculative branch (as many as clear the
-// confidence cutoff, at least one: an idle pipeline is the worst use of it) and launches them
-// together as one speculative run. Logits come back in launch order;
+// asks the draft for a micro-batch of 1 to max_micro_batch tokens per speculative branch (as
+// many as clear the confidence cutoff, at least one: an idle pipeline is the worst use of it)
+// and launches them together as one speculative run. Logits come back in launch order;
 // each run's rows extend the accepted tokens where their paths agree with them. Runs whose
 // every row has become invalid (a token on its path was rejected) are cancelled on the
 // priority path.
@@ -624,7 +624,7 @@ StrategyInfo strategy_info_pipeinfer() {
   StrategyInfo s;
   s.name = "pipeinfer";
   s.summary = "PipeInfer: the newest accepted token is always in a run in flight (a non-speculative run of it, unless a valid speculative run already carries it); whenever fewer than "
-              "`max_runs` target runs are in flight the draft pipeline proposes a micro-batch of 1-4 tokens, launched "
+              "`max_runs` target runs are in flight the draft pipeline proposes a micro-batch of 1 to `max_micro_batch` tokens, launched "
               "as a speculative run in its branch's KV sequence (canonical sequence 0 holds accepted tokens); the "
               "draft's confidence cutoff rises by `p_recovery` for every further speculative run in a burst and falls by "
               "`p_decay` when speculation would yield nothing, in which case the head launches the one token anyway "
@@ -635,7 +635,7 @@ StrategyInfo strategy_info_pipeinfer() {
               "foresaw does not drain the pipeline";
   s.roles = {kTargetRole, kDraftRole};
   s.params = {
-      {"max_micro_batch", ParamType::Int, 1, 4, 4, "draft tokens per speculative run", {"--micro-batch"}},
+      {"max_micro_batch", ParamType::Int, 1, 16, 4, "draft tokens per speculative run (per branch)", {"--micro-batch"}},
       {"max_runs", ParamType::Int, 1, 30, 4, "target runs in flight", {"--max-runs", "--np"}},
       {"p_accept", ParamType::Float, 0, 1, 0.5, "base draft confidence cutoff", {"--p-accept", "--pa"}},
       {"p_recovery", ParamType::Float, 0, 1, 0.05, "cutoff increase per speculative run in a burst", {"--p-recovery", "--pr"}},
