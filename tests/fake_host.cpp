@@ -158,9 +158,7 @@ bool FakeHost::accept(int32_t token) {
   // As HeadHost::shift_context: the newest token is not cached yet.
   const int cached = int(tokens_.size()) - 1;
   const int keep = std::clamp(opt_.n_keep, 0, cached), discard = (cached - keep) / 2;
-  const std::vector<KvOp> ops = {{KvOpKind::remove, -1, -1, keep, keep + discard},
-                                 {KvOpKind::shift, -1, -1, keep + discard, -1, -discard}};
-  for (const auto& [role, oracle] : oracles_) kv_ops(role, ops);
+  for (const auto& [role, oracle] : oracles_) kv_ops(role, context_shift_ops(keep, discard));
   tokens_.erase(tokens_.begin() + keep, tokens_.begin() + keep + discard);
   ++shifts_;
   if (strategy_ && strategy_->context_shifted(keep, discard)) return true;

@@ -186,8 +186,7 @@ bool HeadHost::shift_context() {
   n_keep = std::clamp(n_keep, 0, cached);
   const int n_discard = (cached - n_keep) / 2;
   if (n_discard <= 0) return false;
-  std::vector<KvOp> ops = {{KvOpKind::remove, -1, -1, n_keep, n_keep + n_discard},
-                           {KvOpKind::shift, -1, -1, n_keep + n_discard, -1, -n_discard}};
+  const std::vector<KvOp> ops = context_shift_ops(n_keep, n_discard);
   for (const auto& [role, p] : cfg_.pipelines)
     if (role != strategy_.pair_role) send_kv_ops(p, translate(ops));
   stream_.shift(n_keep, n_discard);

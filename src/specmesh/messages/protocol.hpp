@@ -249,6 +249,11 @@ inline KvOp retrieval_view_op(int32_t seq, int32_t fresh_from, int32_t chunk, in
   return {KvOpKind::retrieve, seq, chunk, fresh_from, budget};
 }
 inline KvOp unview_op(int32_t seq) { return {KvOpKind::unview, seq, -1, -1, -1}; }
+// llama.cpp's context shift on every sequence: positions [n_keep, n_keep + n_discard) go, and
+// the later ones move down by n_discard.
+inline std::vector<KvOp> context_shift_ops(int32_t n_keep, int32_t n_discard) {
+  return {{KvOpKind::remove, -1, -1, n_keep, n_keep + n_discard}, {KvOpKind::shift, -1, -1, n_keep + n_discard, -1, -n_discard}};
+}
 
 struct KvCacheOp {
   std::string pipeline;

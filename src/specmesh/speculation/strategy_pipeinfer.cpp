@@ -169,16 +169,7 @@ class PipeInfer final : public Strategy {
       canon_len_ = cached;
     }
     abandon();
-    std::vector<KvOp> ops;
-    for (const Branch& b : branches_) {
-      ops.push_back({KvOpKind::remove, b.seq, -1, -1, -1});
-      free_.push_back(b.seq);
-    }
-    branches_.clear();
-    if (!ops.empty()) {
-      c_.kv_ops(target(), ops);
-      c_.kv_ops(draft(), std::move(ops));
-    }
+    while (!branches_.empty()) drop(branches_.front().id);
     drafting_ = false;
     step_.clear();
     awaited_run_ = 0;
@@ -211,6 +202,14 @@ class PipeInfer final : public Strategy {
       if (A[size_t(r.from) + k] != row.path[k]) return false;
     return true;
   }
+  // The sequence of a live branch the row was launched for, which holds the row's cell and
+  // those of the tokens before it (0: none, a non-speculative run's row).
+  int live_seq(const Row& row) {
+    int s = 0;
+    for (const auto& [id, seq] : row.owners)
+      if (find(id)) s = seq;
+    return s;
+  }
   bool agrees(const Branch& b) const {
     const auto& A = c_.tokens();
     const size_t n = std::min(A.size(), b.path.size());
@@ -228,9 +227,7 @@ class PipeInfer final : public Strategy {
       auto row = std::find_if(r.rows.begin(), r.rows.end(), [&](const Row& x) { return x.pos == last && agrees(r, x); });
       if (row == r.rows.end()) break;
       ++gained;
-      accepting_src_ = 0;  // the sequence holding the row's cell and those before it
-      for (const auto& [id, seq] : row->owners)
-        if (find(id)) accepting_src_ = seq;
+      accepting_src_ = live_seq(*row);
       if (!c_.accept(c_.sampler().sample(logits.data() + size_t(row - r.rows.begin()) * V, V))) break;
       if (shifts_ != shifts) break;  // the context shifted: this run's rows are stale (context_shifted)
     }
@@ -244,8 +241,7 @@ class PipeInfer final : public Strategy {
       ++matched;
       if (row.pos + 1 > upto) {
         upto = row.pos + 1;
-        for (const auto& [id, seq] : row.owners)
-          if (find(id)) src = seq;
+        src = live_seq(row);
       }
     }
     SpecMetrics& mt = c_.metrics();
@@ -440,10 +436,6 @@ class PipeInfer final : public Strategy {
   // The draft's logits after a branch's whole path: its next token, unless the draft's doubt
   // ends the branch's part of this round.
   void take(Branch& b, const float* row) {
-    if (int32_t(b.path.size()) >= c_.n_ctx()) {
-      b.active = false;
-      return;
-    }
     const int V = c_.vocab();
     const float conf = top_probability(row, V);
     // Every branch launches at least one token per run, so that a branch the target takes
@@ -612,7 +604,7 @@ class PipeInfer final : public Strategy {
   uint64_t round_main_ = 0;
   std::vector<std::pair<uint64_t, size_t>> step_;
   uint64_t awaited_run_ = 0;
-  int accepting_src_ = 0;  // verify(): the sequence of the row whose token is being accepted
+  int accepting_src_ = 0;  // verify(): live_seq of the row whose token is being accepted
   int shifts_ = 0;         // context shifts so far
   float cut_;
   int burst_ = 0;
