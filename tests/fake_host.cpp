@@ -102,8 +102,26 @@ std::vector<Event> FakeHost::events(EventKind kind, const std::string& role) con
 }
 
 
-uint64_t FakeHost::launch(const std::string& role, const Batch& batch, bool speculative) {
+uint64_t FakeHost::launch(const std::string& role, const Batch& batch, bool speculative, const std::vector<uint64_t>& inputs) {
   const uint64_t run = next_run_++;
+  if (!inputs.empty() && inputs.size() != batch.size()) error(role + " run " + std::to_string(run) + ": inputs for some rows only");
+  for (size_t i = 0; i < inputs.size() && i < batch.size(); ++i) {
+    if (!inputs[i]) continue;
+    const int32_t pos = batch.pos[i];
+    const LaunchRecord* src = nullptr;
+    for (const LaunchRecord& l : launches_)
+      if (l.run == inputs[i]) src = &l;
+    const std::string what = role + " run " + std::to_string(run) + " row " + std::to_string(i) + " takes run " +
+                             std::to_string(inputs[i]) + "'s hidden states at position " + std::to_string(pos);
+    if (!src || src->role != kTargetRole || !src->delivered) {
+      error(what + ", which is no delivered target run");
+      continue;
+    }
+    auto at = std::find(src->batch.pos.begin(), src->batch.pos.end(), pos);
+    if (at == src->batch.pos.end()) error(what + ", which it did not compute");
+    else if (size_t(pos) >= tokens_.size() || src->batch.tokens[size_t(at - src->batch.pos.begin())] != tokens_[size_t(pos)])
+      error(what + ", where it had a token the sequence no longer has");
+  }
   for (int32_t pos : batch.pos)
     if (pos >= opt_.n_ctx)
       error(role + " run " + std::to_string(run) + " at position " + std::to_string(pos) + ", past the context of " +
@@ -113,6 +131,7 @@ uint64_t FakeHost::launch(const std::string& role, const Batch& batch, bool spec
   r.role = role;
   r.batch = batch;
   r.speculative = speculative;
+  r.inputs = inputs;
   launches_.push_back(std::move(r));
   stages_[role].queue.emplace_back(run);
   events_.push_back({EventKind::launch, role, run});

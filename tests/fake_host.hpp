@@ -49,6 +49,7 @@ struct LaunchRecord {
   std::string role;
   Batch batch;
   bool speculative = false;
+  std::vector<uint64_t> inputs;  // per row, the run whose hidden states it takes (launch's inputs)
   bool cancelled = false;  // host.cancel named it
   bool processed = false;  // the stage ran it (cells placed, logits computed)
   bool delivered = false;  // its logits reached the strategy
@@ -128,7 +129,10 @@ class FakeHost final : public StrategyHost {
   bool strategy_alive() const { return bool(strategy_); }
 
   // StrategyHost
-  uint64_t launch(const std::string& role, const Batch& batch, bool speculative) override;
+  using StrategyHost::launch;
+  // A row with an input must name a target run that computed its position with the token
+  // the canonical sequence now has there (the hidden states it takes are the right ones).
+  uint64_t launch(const std::string& role, const Batch& batch, bool speculative, const std::vector<uint64_t>& inputs) override;
   void kv_ops(const std::string& role, std::vector<KvOp> ops) override;
   void cancel(const std::string& role, const std::vector<uint64_t>& runs) override;
   bool accept(int32_t token) override;

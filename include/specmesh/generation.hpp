@@ -101,6 +101,9 @@ struct Metrics {
   int64_t accepted = 0;            // draft tokens the target accepted
   int64_t verifications = 0;       // target runs that verified drafts
   int64_t max_accepted_depth = 0;  // most draft tokens one verification accepted
+  // accepted_hist[d]: verifications that accepted d draft tokens (they yielded d + 1 tokens:
+  // DFlash's tau histogram, shifted by one).
+  std::vector<int64_t> accepted_hist;
   int64_t runs_launched = 0;       // target runs started
   int64_t runs_cancelled = 0;      // runs stopped before they finished
   int64_t runs_wasted = 0;         // runs that finished but whose result was discarded

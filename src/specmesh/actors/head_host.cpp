@@ -90,7 +90,7 @@ std::vector<KvOp> HeadHost::translate(std::vector<KvOp> ops) const {
   return out;
 }
 
-uint64_t HeadHost::launch(const std::string& role, const Batch& batch, bool speculative) {
+uint64_t HeadHost::launch(const std::string& role, const Batch& batch, bool speculative, const std::vector<uint64_t>& inputs) {
   const PipelineRef& p = pipeline(role);
   if (deadlines_.outstanding() >= cfg_.max_runs_in_flight)
     throw std::runtime_error("the session has " + std::to_string(deadlines_.outstanding()) +
@@ -102,10 +102,12 @@ uint64_t HeadHost::launch(const std::string& role, const Batch& batch, bool spec
   Batch b = batch;
   for (SeqSet& s : b.seqs) s = translate(s);
   const uint64_t run = ids_.next();
-  if (merger_ && role == kTargetRole && !speculative && !b.is_tree()) {
+  if (merger_ && role == kTargetRole && !speculative && !b.is_tree() && inputs.empty()) {
     merger_->add(this, run, std::move(b));
   } else {
-    if (!cfg_.router->send(p.first_node, make_envelope(run, to_run_start(p.role, b, speculative))))
+    RunStart start = to_run_start(p.role, b, speculative);
+    start.inputs = inputs;
+    if (!cfg_.router->send(p.first_node, make_envelope(run, std::move(start))))
       throw std::runtime_error("node '" + p.first_node + "' of pipeline '" + p.role + "' is not reachable");
     runs_.insert(run);
   }

@@ -39,7 +39,8 @@ class HeadHost final : public StrategyHost {
            SessionSeqs seqs, RunMerger* merger);
 
   // Throws ContextFull for a token at a position past the session's context.
-  uint64_t launch(const std::string& role, const Batch& batch, bool speculative) override;
+  using StrategyHost::launch;
+  uint64_t launch(const std::string& role, const Batch& batch, bool speculative, const std::vector<uint64_t>& inputs) override;
   void kv_ops(const std::string& role, std::vector<KvOp> ops) override;
   void cancel(const std::string& role, const std::vector<uint64_t>& runs) override;
   // Streams the token; when the session's context is then full, shifts it (the request's

@@ -259,6 +259,8 @@ void handle(StageState& st, const std::string& from, const Envelope& env) {
   };
   if (const auto* r = std::get_if<RunStart>(&env.payload)) {
     if (std::string why = run_problem(*r, st.n_cells); !why.empty()) return report_refusal(st.cfg, *st.stats, run, why);
+    if (!r->inputs.empty())
+      return report_refusal(st.cfg, *st.stats, run, "this stage takes tokens, not another pipeline's hidden states (inputs)");
     if (auto place = admit()) schedule_forward(st, run, *r, std::nullopt, std::move(place));
   } else if (const auto* a = std::get_if<Activations>(&env.payload)) {
     if (a->tensors.empty())

@@ -111,7 +111,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("-m,--model", o->model, "target: GGUF file or llama2.c checkpoint")->required()->check(CLI::ExistingFile);
   cmd->add_option("-z,--tokenizer", o->tokenizer, "tokenizer of a llama2.c checkpoint (tok512.bin)")->check(CLI::ExistingFile);
   cmd->add_option("-d,--draft", o->drafts, "draft model (role \"draft\"); repeat for more drafts (draft2, ...), "
-                  "whose token trees spec merges")->check(CLI::ExistingFile);
+                  "whose token trees spec merges; for dflash, the drafter's directory")->check(CLI::ExistingPath);
   cmd->add_option("--draft-tokenizer", o->draft_tokenizer, "tokenizer of a llama2.c draft (default: -z)")->check(CLI::ExistingFile);
   std::vector<std::string> names;
   for (const StrategyInfo& s : strategies()) names.push_back(s.name);

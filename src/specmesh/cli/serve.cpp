@@ -148,7 +148,8 @@ void register_serve(CLI::App& app) {
   cmd->add_option("config", o->config, "topology file (TOML); or give -m")->check(CLI::ExistingFile);
   cmd->add_option("-m,--model", o->model, "target: GGUF file or llama2.c checkpoint (one process)")->check(CLI::ExistingFile);
   cmd->add_option("-z,--tokenizer", o->tokenizer, "tokenizer of llama2.c checkpoints")->check(CLI::ExistingFile);
-  cmd->add_option("-d,--draft", o->drafts, "draft model; repeat for more drafts (with -m)")->check(CLI::ExistingFile);
+  cmd->add_option("-d,--draft", o->drafts, "draft model (for dflash, the drafter's directory); repeat for more drafts (with -m)")
+      ->check(CLI::ExistingPath);
   std::vector<std::string> names;
   for (const StrategyInfo& s : strategies()) names.push_back(s.name);
   cmd->add_option("--strategy", o->strategy, "default strategy (" + strategy_names() + "); a request may ask for another")

@@ -108,7 +108,7 @@ struct Encoder {
   }
 
   void operator()(const RunStart& m) {
-    pk.pack_array(7);
+    pk.pack_array(8);
     pk.pack(m.pipeline);
     ints(m.tokens);
     ints(m.positions);
@@ -118,6 +118,8 @@ struct Encoder {
     for (auto x : m.logits) pk.pack_uint8(x);
     ints(m.parents);
     if (m.speculative) pk.pack_true(); else pk.pack_false();
+    pk.pack_array(static_cast<uint32_t>(m.inputs.size()));
+    for (auto x : m.inputs) pk.pack_uint64(x);
   }
   void operator()(const Activations& m) {
     pk.pack_array(4);
@@ -298,7 +300,7 @@ struct Decoder {
   }
 
   RunStart run_start(const msgpack::object& o) {
-    const auto& a = array(o, 7, "run_start");
+    const auto& a = array(o, 8, "run_start");
     RunStart m;
     m.pipeline = str(a.ptr[0], "pipeline");
     m.tokens = ints(a.ptr[1], "tokens");
@@ -311,10 +313,13 @@ struct Decoder {
     for (uint32_t i = 0; i < logits.size; ++i) m.logits.push_back(uint8_t(u64(logits.ptr[i], "logits flag") != 0));
     m.parents = ints(a.ptr[5], "parents");
     m.speculative = boolean(a.ptr[6], "speculative");
+    const auto& inputs = array(a.ptr[7], UINT32_MAX, "inputs");
+    m.inputs.reserve(inputs.size);
+    for (uint32_t i = 0; i < inputs.size; ++i) m.inputs.push_back(u64(inputs.ptr[i], "input run"));
     const size_t n = m.tokens.size();
     if (m.positions.size() != n || m.seq_masks.size() != n || (!m.logits.empty() && m.logits.size() != n) ||
-        (!m.parents.empty() && m.parents.size() != n))
-      fail(DecodeError::malformed, "run_start: tokens, positions, seq_masks, logits and parents differ in length");
+        (!m.parents.empty() && m.parents.size() != n) || (!m.inputs.empty() && m.inputs.size() != n))
+      fail(DecodeError::malformed, "run_start: tokens, positions, seq_masks, logits, parents and inputs differ in length");
     return m;
   }
 

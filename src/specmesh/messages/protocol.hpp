@@ -27,7 +27,7 @@
 
 namespace specmesh {
 
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;
 
 // Wire values are part of the protocol: append, never renumber.
 enum class MsgType : uint8_t {
@@ -148,6 +148,9 @@ struct Tensor {
 // seq_masks[i] is the set of KV-cache sequences token i belongs to (bit s = sequence s);
 // logits[i] != 0 asks for that token's logits (empty: all); parents, when not empty, makes
 // the batch a token tree (parents[i] = batch index of i's parent, -1 = the cached context).
+// inputs, when not empty, names per token the run whose tapped hidden states (HiddenStates,
+// StageConfig::tap_layers) are its input (0: none): a drafter conditioned on another
+// pipeline's layers takes them for its context rows.
 struct RunStart {
   std::string pipeline;  // which model's pipeline the run is for
   std::vector<int32_t> tokens;
@@ -156,6 +159,7 @@ struct RunStart {
   std::vector<uint8_t> logits;
   std::vector<int32_t> parents;
   bool speculative = false;
+  std::vector<uint64_t> inputs;
   friend bool operator==(const RunStart&, const RunStart&) = default;
 };
 

@@ -132,6 +132,38 @@ void DFlashDrafter::embed_block(const Model& target, int32_t anchor, int n, floa
   }
 }
 
+WorkCost DFlashDrafter::cost(const Model& target, size_t n_new, size_t n_block, size_t n_ctx, size_t outputs) const {
+  auto bytes = [](const WeightView& w) { return double(row_bytes(w.type, w.cols)) * w.rows; };
+  auto params = [](const WeightView& w) { return double(w.rows) * w.cols; };
+  const double keys = double(n_ctx + n_new + n_block);
+  WorkCost c;
+  c.tokens = int(n_block);
+  c.layers = int(layers.size());
+  c.context = int64_t(keys);
+  c.head = outputs > 0;
+  c.bytes = bytes(fc);
+  c.flops = 2 * params(fc) * double(n_new);
+  for (const DFlashLayer& l : layers) {
+    for (const WeightView* m : {&l.wk, &l.wv}) {
+      c.bytes += bytes(*m);
+      c.flops += 2 * params(*m) * double(n_new + n_block);
+    }
+    for (const WeightView* m : {&l.wq, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      c.bytes += bytes(*m);
+      c.flops += 2 * params(*m) * double(n_block);
+    }
+    c.bytes += 2.0 * keys * cfg_.kv_dim() * sizeof(float);
+    c.flops += 4.0 * double(n_block) * keys * cfg_.q_dim();
+    c.ops += 12;
+  }
+  if (outputs) {
+    c.bytes += bytes(target.output);
+    c.flops += 2 * params(target.output) * double(outputs);
+    c.ops += 1;
+  }
+  return c;
+}
+
 // ---------------------------------------------------------------- forward
 
 DFlashState::DFlashState(const DFlashDrafter& drafter, ThreadPool& pool)

@@ -36,6 +36,7 @@
 #include "specmesh/kernels/matmul.hpp"
 #include "specmesh/model/dflash_config.hpp"
 #include "specmesh/model/model.hpp"
+#include "specmesh/profiles.hpp"
 
 namespace specmesh {
 
@@ -69,6 +70,10 @@ class DFlashDrafter {
   // Embeddings of the block [anchor, mask x (n - 1)] into out (n x H), through the target's
   // table (check_target must have accepted it).
   void embed_block(const Model& target, int32_t anchor, int n, float* out) const;
+  // What one step costs (DFlashState::step with n_new context rows over a cache of n_ctx rows
+  // and an n_block-row block), plus the target's classifier over `outputs` rows, for timing
+  // profiles and run deadlines.
+  WorkCost cost(const Model& target, size_t n_new, size_t n_block, size_t n_ctx, size_t outputs) const;
 
   WeightView fc{};
   const float* hidden_norm = nullptr;

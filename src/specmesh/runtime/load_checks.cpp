@@ -32,6 +32,14 @@ void check_vocabularies(const Topology& topo, ModelCache& models) {
   const std::vector<std::string>& want = target->tokenizer().vocab().tokens;
   for (const auto& [role, name] : topo.role_models()) {
     const ModelSpec& spec = topo.models.at(name);
+    std::shared_ptr<const DFlashDrafter> drafter;
+    try {
+      drafter = role_drafter(topo, models, role);
+      if (drafter) drafter->check_target(*target);  // it borrows the target's vocabulary
+    } catch (const std::exception& e) {
+      topo.fail(Topology::role_key(role), e.what());
+    }
+    if (drafter) continue;
     const auto model = models.get(spec);
     if (model == target) continue;
     const std::string both = "model '" + name + "' (" + spec.path + ") and the target's model '" + topo.run.model + "' (" +
@@ -59,6 +67,7 @@ void check_kv_memory(const Topology& topo, ModelCache& models, const std::vector
     uint64_t bytes = 0;
     int n_ctx = 0;
     for (const auto& [role, name] : topo.role_models()) {
+      if (role_drafter(topo, models, role)) continue;  // its context rows: a few MiB at most
       const auto model = models.get(topo.models.at(name));
       const int cells = context_size(*model, topo.run.n_ctx);
       n_ctx = std::max(n_ctx, cells);

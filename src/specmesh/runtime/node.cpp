@@ -10,6 +10,7 @@
 #include <caf/send.hpp>
 
 #include "specmesh/actors/alspec_stage.hpp"
+#include "specmesh/actors/dflash_stage.hpp"
 #include "specmesh/actors/head.hpp"
 #include "specmesh/runtime/keys.hpp"
 #include "specmesh/transport/dispatcher.hpp"
@@ -23,6 +24,42 @@ std::shared_ptr<const Model> ModelCache::get(const ModelSpec& spec) {
   return m;
 }
 
+std::shared_ptr<const DFlashDrafter> ModelCache::drafter(const ModelSpec& spec) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto& d = drafters_[spec.path];
+  if (!d) d = DFlashDrafter::load(spec.path);
+  return d;
+}
+
+std::shared_ptr<const DFlashDrafter> role_drafter(const Topology& topo, ModelCache& models, const std::string& role) {
+  const StrategyInfo* s = topo.run.strategy.empty() ? nullptr : find_strategy(topo.run.strategy);
+  if (!s || s->drafter_role != role) return nullptr;
+  return models.drafter(topo.models.at(topo.role_models().at(role)));
+}
+
+std::shared_ptr<const Model> role_model(const Topology& topo, ModelCache& models, const std::string& role) {
+  const auto roles = topo.role_models();
+  if (role_drafter(topo, models, role)) return models.get(topo.models.at(roles.at(kTargetRole)));
+  return models.get(topo.models.at(roles.at(role)));
+}
+
+namespace {
+
+// With block drafting, every stage of the target's pipeline taps the drafter's layers and sends
+// them to the drafter's node (a stage keeps the taps inside its own layer range).
+void tap_for_drafter(const Topology& topo, ModelCache& models, StageConfig& sc) {
+  const StrategyInfo* s = topo.run.strategy.empty() ? nullptr : find_strategy(topo.run.strategy);
+  if (!s || s->drafter_role.empty() || sc.pipeline != kTargetRole) return;
+  const auto drafter = role_drafter(topo, models, s->drafter_role);
+  const auto stages = topo.stages_of(s->drafter_role);
+  if (!drafter || stages.empty()) return;
+  sc.tap_layers = drafter->config().target_layer_ids;
+  sc.tap_node = topo.node_of_device(stages[0]->device).name;
+  sc.tap_dtype = s->resolve(topo.run.params).integer("taps") == 16 ? WireDType::f16 : WireDType::f32;
+}
+
+}  // namespace
+
 std::vector<std::string> pipeline_nodes(const Topology& topo, const std::string& role) {
   std::vector<std::string> out;
   for (const StageSpec* s : topo.stages_of(role)) out.push_back(topo.node_of_device(s->device).name);
@@ -30,14 +67,21 @@ std::vector<std::string> pipeline_nodes(const Topology& topo, const std::string&
 }
 
 void resolve_layers(Topology& topo, ModelCache& models) {
-  for (const auto& [role, model] : topo.role_models())
-    topo.resolve_layers(role, models.get(topo.models.at(model))->hparams().n_layer);
+  for (const auto& [role, model] : topo.role_models()) {
+    std::shared_ptr<const DFlashDrafter> drafter;
+    try {
+      drafter = role_drafter(topo, models, role);
+    } catch (const std::exception& e) {
+      topo.fail(Topology::role_key(role), e.what());
+    }
+    topo.resolve_layers(role, drafter ? drafter->config().n_layer : models.get(topo.models.at(model))->hparams().n_layer);
+  }
 }
 
 int64_t max_frame_bytes(const Topology& topo, ModelCache& models) {
   int64_t widest = 0;
   for (const auto& [role, model] : topo.role_models()) {
-    const HParams& hp = models.get(topo.models.at(model))->hparams();
+    const HParams& hp = role_model(topo, models, role)->hparams();
     widest = std::max<int64_t>(widest, std::max(hp.n_embd, hp.n_vocab));
   }
   const int64_t bound = (int64_t{1} << 20) + 4 * kMaxRunRows * widest * int64_t(sizeof(float));
@@ -94,6 +138,17 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
                         target[0]->device + "\")");
   }
 
+  // Block drafting: the drafter's role is one DFlash stage, fed by the target's stages' taps.
+  const std::string drafter_role = strat ? strat->drafter_role : "";
+  const auto drafter = drafter_role.empty() ? nullptr : role_drafter(topo, models, drafter_role);
+  if (drafter) {
+    const size_t n = topo.stages_of(drafter_role).size();
+    if (n != 1)
+      throw ConfigError(topo.path + ": strategy \"" + strat->name + "\" runs its drafter (role \"" + drafter_role +
+                        "\") as one stage (it has " + std::to_string(n) + ")");
+    drafter->check_target(*role_model(topo, models, kTargetRole));
+  }
+
   std::vector<Route> routes;
   for (const auto& [role, model] : topo.role_models()) {
     auto stages = topo.stages_of(role);
@@ -105,16 +160,19 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
       sc.self_node = node;
       sc.head_node = topo.head_node;
       sc.next_node = i + 1 < stages.size() ? topo.node_of_device(stages[i + 1]->device).name : topo.head_node;
-      sc.model = models.get(topo.models.at(model));
+      sc.model = role_model(topo, models, role);
       sc.context.n_ctx = topo.run.n_ctx;
       sc.context.layer_begin = s.layer_begin;
       sc.context.layer_end = s.layer_end;
       sc.device = device_actors.at(s.device);
       sc.device_state = devices_.at(s.device);
       sc.router = router_;
+      tap_for_drafter(topo, models, sc);
       auto stats = std::make_shared<StageStats>();
       caf::actor a;
-      if (const int group = pair_group(role); group >= 0) {
+      if (drafter && role == drafter_role) {
+        a = spawn_dflash_stage(sys, {sc, drafter, kTargetRole}, stats);
+      } else if (const int group = pair_group(role); group >= 0) {
         AlspecStageConfig pc;
         pc.stage = sc;
         pc.self = group;
@@ -129,18 +187,27 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
       actors_.push_back(a);
       // Work reaches a stage from the one before it; the first stage's from the head, or for
       // the pair's partner from the target's group, which forwards it.
-      Route r{role, s.layer_begin, a, i == 0 ? topo.head_node : topo.node_of_device(stages[i - 1]->device).name, ""};
+      Route r{role, s.layer_begin, a, i == 0 ? topo.head_node : topo.node_of_device(stages[i - 1]->device).name, "", "", {}};
       if (const int group = pair_group(role); group >= 0) {
         const std::string peer_role = group == 0 ? pair_role : kTargetRole;
         const std::string peer = topo.node_of_device(topo.stages_of(peer_role)[0]->device).name;
         r.sync_peer = peer;
         if (group == 1) r.upstream = peer;
       }
+      if (drafter && role == drafter_role) {
+        // The target's stages, and the standbys that may take one over, send the taps.
+        r.taps_of = kTargetRole;
+        r.tap_senders = pipeline_nodes(topo, kTargetRole);
+        for (const auto& [dn, d] : topo.devices)
+          if (d.standby) r.tap_senders.push_back(d.node);
+      }
       routes.push_back(std::move(r));
       stage_info_.push_back({role, s.layer_begin, s.layer_end, s.device, stats});
       local_stages_.push_back({role, s.layer_begin, s.layer_end, a, s.device});
     }
   }
+  // Hidden states for a stage here go through the dispatcher; otherwise they are the head's.
+  const bool takes_taps = std::any_of(routes.begin(), routes.end(), [](const Route& r) { return !r.taps_of.empty(); });
   if (node == topo.head_node) {
     HeadConfig hc = head_config(topo, models, router_);
     hc.max_sessions = std::max(1, max_sessions);
@@ -150,7 +217,8 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
     actors_.push_back(head_);
     // The head's handlers are short (sample, launch the next run): running them on the
     // gateway thread saves a thread wake-up per token.
-    gateway_->subscribe({MsgType::logits, MsgType::error, MsgType::hidden_states}, head_, Delivery::inline_io);
+    if (takes_taps) gateway_->subscribe({MsgType::logits, MsgType::error}, head_, Delivery::inline_io);
+    else gateway_->subscribe({MsgType::logits, MsgType::error, MsgType::hidden_states}, head_, Delivery::inline_io);
   }
   const caf::actor manager = spawn_manager(sys, topo, models);
   dispatcher_ = spawn_dispatcher(sys, node, topo.head_node, routes, head_, manager, dispatch_stats_);
@@ -159,9 +227,10 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
   router_->set_local(dispatcher_);
   // One call: work held from before keeps its order across types (a run never overtakes the
   // cache operation sent before it).
-  gateway_->subscribe({MsgType::run_start, MsgType::activations, MsgType::kv_cache_op, MsgType::cancel,
-                       MsgType::attention_sync, MsgType::replan},
-                      dispatcher_, Delivery::inline_io);  // it only forwards
+  std::vector<MsgType> work{MsgType::run_start, MsgType::activations, MsgType::kv_cache_op,
+                            MsgType::cancel,    MsgType::attention_sync, MsgType::replan};
+  if (takes_taps) work.push_back(MsgType::hidden_states);
+  gateway_->subscribe(work, dispatcher_, Delivery::inline_io);  // it only forwards
 }
 
 // The node's side of a failover: starts the moved stage when its device is here, retargets
@@ -188,6 +257,8 @@ caf::actor NodeHost::spawn_manager(caf::actor_system& sys, const Topology& topo,
               sc.self_node = name_;
               sc.head_node = topo.head_node;
               sc.next_node = r->next_node;
+              if (role_drafter(topo, models, r->pipeline))
+                throw std::invalid_argument("a drafter's stage does not move (its draft cache is not rebuilt)");
               sc.model = models.get(topo.models.at(role->second));
               sc.context.n_ctx = topo.run.n_ctx;
               sc.context.layer_begin = r->layer_begin;
@@ -195,13 +266,14 @@ caf::actor NodeHost::spawn_manager(caf::actor_system& sys, const Topology& topo,
               sc.device = device_actors_.at(r->device);
               sc.device_state = devices_.at(r->device);
               sc.router = router_;
+              tap_for_drafter(topo, models, sc);
               caf::actor a = spawn_stage(sys, sc, std::make_shared<StageStats>());
               {
                 std::lock_guard<std::mutex> lk(actors_mu_);
                 actors_.push_back(a);
               }
               local_stages_.push_back({r->pipeline, r->layer_begin, r->layer_end, a, r->device});
-              caf::anon_send(dispatcher_, route_atom::value, Route{r->pipeline, r->layer_begin, a, r->upstream, ""});
+              caf::anon_send(dispatcher_, route_atom::value, Route{r->pipeline, r->layer_begin, a, r->upstream, "", "", {}});
               spdlog::info("node {}: took over stage {}[{},{}) on device {}", name_, r->pipeline, r->layer_begin,
                            r->layer_end, r->device);
             }
@@ -229,7 +301,11 @@ HeadConfig head_config(const Topology& topo, ModelCache& models, std::shared_ptr
   HeadConfig hc;
   hc.strategy = &strategy(run.strategy);
   try {
-    hc.params = hc.strategy->resolve(run.params);
+    std::map<std::string, ParamValue> given = run.params;
+    // A drafter's block size is the default of the strategy's `block`.
+    if (!hc.strategy->drafter_role.empty() && hc.strategy->resolve(given).integer("block") == 0)
+      given["block"] = ParamValue(double(role_drafter(topo, models, hc.strategy->drafter_role)->block_size()));
+    hc.params = hc.strategy->resolve(given);
   } catch (const std::invalid_argument& e) {
     throw ConfigError(topo.path + ": run.params: " + e.what());
   }
@@ -247,14 +323,16 @@ HeadConfig head_config(const Topology& topo, ModelCache& models, std::shared_ptr
     PipelineRef p;
     p.role = role;
     p.model_name = model;
-    p.model = models.get(topo.models.at(model));
+    p.model = role_model(topo, models, role);
     p.nodes = pipeline_nodes(topo, role);
     p.first_node = p.nodes.front();
     p.price.link = topo.link;
     p.price.n_ctx = context_size(*p.model, run.n_ctx);
+    // A drafter is priced as as many of the target's layers (deadlines only need a bound).
+    const int n_layer = p.model->hparams().n_layer;
     for (const StageSpec* s : topo.stages_of(role)) {
       const DeviceSpec& d = topo.devices.at(s->device);
-      p.price.stages.push_back({p.model, s->layer_begin, s->layer_end, d.profile, d.threads});
+      p.price.stages.push_back({p.model, std::min(s->layer_begin, n_layer - 1), std::min(s->layer_end, n_layer), d.profile, d.threads});
     }
     hc.pipelines[role] = std::move(p);
   }

@@ -18,6 +18,7 @@
 #include "specmesh/transport/router.hpp"
 #include "specmesh/actors/stage.hpp"
 #include "specmesh/devices/device.hpp"
+#include "specmesh/model/dflash_drafter.hpp"
 #include "specmesh/topology.hpp"
 
 namespace caf {
@@ -30,11 +31,21 @@ namespace specmesh {
 class ModelCache {
  public:
   std::shared_ptr<const Model> get(const ModelSpec& spec);
+  // A DFlash drafter directory (config.json + model.safetensors).
+  std::shared_ptr<const DFlashDrafter> drafter(const ModelSpec& spec);
 
  private:
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<const Model>> models_;
+  std::map<std::string, std::shared_ptr<const DFlashDrafter>> drafters_;
 };
+
+// The drafter of `role` when the run's strategy drafts on the target's hidden states
+// (StrategyInfo::drafter_role) and `role` is that role; null otherwise.
+std::shared_ptr<const DFlashDrafter> role_drafter(const Topology& topo, ModelCache& models, const std::string& role);
+// The model whose vocabulary and hidden size a role's pipeline has: its own, or for a drafter
+// role the target's (whose embedding and classifier the drafter borrows).
+std::shared_ptr<const Model> role_model(const Topology& topo, ModelCache& models, const std::string& role);
 
 class NodeHost {
  public:

@@ -48,6 +48,13 @@ std::string os_error(const char* what) {
   return errno ? std::string(what) + ": " + std::strerror(errno) : std::string(what);
 }
 
+// "12 30 4": counts separated by spaces, one CSV field.
+std::string hist_text(const std::vector<int64_t>& h) {
+  std::string out;
+  for (int64_t n : h) out += (out.empty() ? "" : " ") + std::to_string(n);
+  return out;
+}
+
 double ms(TokenRecorder::Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
 }  // namespace
@@ -59,7 +66,7 @@ const std::vector<std::string>& SpecMetrics::csv_columns() {
       "tree_size", "accepted_depth", "max_accepted_depth",
       "runs_launched", "runs_cancelled", "runs_wasted", "attention_checks", "attention_hits", "attention_hit_rate",
       "overlap_saved_ms", "middle_drafted", "middle_accepted", "middle_acceptance_rate", "middle_verifications",
-      "middle_tokens_per_verification", "cache_rebuilds", "itl_p50_ms", "itl_p99_ms", "failovers"};
+      "middle_tokens_per_verification", "cache_rebuilds", "itl_p50_ms", "itl_p99_ms", "failovers", "accepted_hist"};
   return cols;
 }
 
@@ -95,7 +102,8 @@ std::vector<std::string> SpecMetrics::csv_values() const {
           std::to_string(cache_rebuilds),
           number(itl_p50_ms),
           number(itl_p99_ms),
-          std::to_string(failovers)};
+          std::to_string(failovers),
+          hist_text(accepted_hist)};
 }
 
 nlohmann::json SpecMetrics::to_json() const {
@@ -117,6 +125,7 @@ nlohmann::json SpecMetrics::to_json() const {
           {"tree_size", tree_size()},
           {"accepted_depth", accepted_depth()},
           {"max_accepted_depth", max_accepted_depth},
+          {"accepted_hist", accepted_hist},
           {"runs_launched", runs_launched},
           {"runs_cancelled", runs_cancelled},
           {"runs_wasted", runs_wasted},

@@ -24,6 +24,10 @@ struct SpecMetrics : Metrics {
     ++verifications;
     accepted += depth;
     if (depth > max_accepted_depth) max_accepted_depth = depth;
+    if (depth >= 0) {
+      if (accepted_hist.size() <= size_t(depth)) accepted_hist.resize(size_t(depth) + 1, 0);
+      ++accepted_hist[size_t(depth)];
+    }
   }
 
   // Every field above plus the derived ratios, under the CSV column names.

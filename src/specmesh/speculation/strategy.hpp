@@ -31,7 +31,11 @@ class StrategyHost {
 
   // Sends a batch into a role's pipeline as a new run; returns its id (never reused). Logits
   // come back through Strategy::on_logits, in launch order per pipeline.
-  virtual uint64_t launch(const std::string& role, const Batch& batch, bool speculative) = 0;
+  uint64_t launch(const std::string& role, const Batch& batch, bool speculative) { return launch(role, batch, speculative, {}); }
+  // The same for a pipeline conditioned on another's hidden states (a block drafter on the
+  // target's taps): inputs[i], when not 0, is the run whose tapped states are row i's input.
+  virtual uint64_t launch(const std::string& role, const Batch& batch, bool speculative,
+                          const std::vector<uint64_t>& inputs) = 0;
   // KV-cache operations on a role's pipeline, applied in order with its runs.
   virtual void kv_ops(const std::string& role, std::vector<KvOp> ops) = 0;
   // Tells every stage of a role's pipeline to drop these runs (priority path).

@@ -436,20 +436,20 @@ StrategyInfo strategy_info_triforce() {
     return p.flag("use_draft") ? std::vector<std::string>{kTargetRole, kDraftRole} : std::vector<std::string>{kTargetRole};
   };
   s.params = {
-      {"budget", ParamType::Int, 1, 1 << 20, 64, "retrieval cache: KV entries per layer and KV head (a multiple of chunk)"},
-      {"chunk", ParamType::Int, 1, 4096, 8, "retrieval cache: positions per scored chunk"},
-      {"gamma1", ParamType::Int, 1, 64, 2, "draft tokens per middle-level verification"},
-      {"gamma2", ParamType::Int, 1, 256, 6, "middle-level tokens per full-cache verification (at least)"},
-      {"sink", ParamType::Int, 0, 1 << 20, 16, "draft's StreamingLLM cache: first tokens always kept"},
-      {"window", ParamType::Int, 1, 1 << 20, 240, "draft's StreamingLLM cache: recent tokens kept"},
-      {"rebuild_every", ParamType::Int, 0, 1 << 20, 64, "rebuild the retrieval cache every this many tokens (0: never)"},
+      {"budget", ParamType::Int, 1, 1 << 20, 64, "retrieval cache: KV entries per layer and KV head (a multiple of chunk)", {}},
+      {"chunk", ParamType::Int, 1, 4096, 8, "retrieval cache: positions per scored chunk", {}},
+      {"gamma1", ParamType::Int, 1, 64, 2, "draft tokens per middle-level verification", {}},
+      {"gamma2", ParamType::Int, 1, 256, 6, "middle-level tokens per full-cache verification (at least)", {}},
+      {"sink", ParamType::Int, 0, 1 << 20, 16, "draft's StreamingLLM cache: first tokens always kept", {}},
+      {"window", ParamType::Int, 1, 1 << 20, 240, "draft's StreamingLLM cache: recent tokens kept", {}},
+      {"rebuild_every", ParamType::Int, 0, 1 << 20, 64, "rebuild the retrieval cache every this many tokens (0: never)", {}},
       {"rebuild_below", ParamType::Float, 0, 1, 0.5,
        "rebuild the retrieval cache when the full cache accepts fewer than this share of the middle level's tokens "
-       "(over its last 8 verifications)"},
+       "(over its last 8 verifications)", {}},
       {"middle", ParamType::Int, 0, 2, 1,
        "middle level's cache: 1 retrieval, 2 StreamingLLM of the same budget, 0 none (the draft proposes gamma2 "
-       "tokens to the full cache)"},
-      {"use_draft", ParamType::Bool, 0, 1, 1, "the draft proposes to the middle level (false: the middle level drafts itself)"},
+       "tokens to the full cache)", {}},
+      {"use_draft", ParamType::Bool, 0, 1, 1, "the draft proposes to the middle level (false: the middle level drafts itself)", {}},
   };
   s.check = [](const StrategyParams& p, const SetupFacts& setup) {
     const int budget = p.integer("budget"), chunk = p.integer("chunk"), g1 = p.integer("gamma1"), g2 = p.integer("gamma2");

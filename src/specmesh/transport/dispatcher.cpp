@@ -2,6 +2,8 @@
 
 #include "specmesh/log/rate_limited.hpp"
 
+#include <algorithm>
+
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
@@ -62,6 +64,13 @@ struct Dispatch {
       if (manager) return caf::anon_send(manager, from, env);
       return unrouted(from, env);
     }
+    if (const auto* h = std::get_if<HiddenStates>(&env.payload))
+      for (const auto& r : routes)
+        if (!r.taps_of.empty() && r.taps_of == h->pipeline) {
+          if (std::find(r.tap_senders.begin(), r.tap_senders.end(), from) == r.tap_senders.end())
+            return refuse(from, env, "only the nodes of the tapped pipeline send its hidden states");
+          return caf::anon_send(r.stage, from, env);
+        }
     if (std::holds_alternative<Cancel>(env.payload)) {
       bool any = false;
       for (const auto& r : routes)

@@ -1,7 +1,8 @@
 // A node's dispatcher: hands each envelope for the node's stages (from the gateway) and each
 // envelope the node sends to itself (through its Router) to the actor it is for. Work (run
 // starts, activations, cache operations) goes to the stage whose layers start where it
-// points, a pair's attention sync to its pipeline's stage; a cancel goes to every stage;
+// points, a pair's attention sync to its pipeline's stage, hidden states to the stage that
+// takes that pipeline's taps (else the head); a cancel goes to every stage;
 // everything else is a result (logits, errors, and result types added later) and goes to the
 // local head when there is one, which checks its sender itself.
 //
@@ -42,6 +43,10 @@ struct Route {
   caf::actor stage;
   std::string upstream;   // the only node that may send it work
   std::string sync_peer;  // the other group of a pair (may send attention syncs); else empty
+  // A stage conditioned on another pipeline's hidden states (a block drafter): the pipeline
+  // whose HiddenStates it takes, and the nodes that may send them. Empty: they go to the head.
+  std::string taps_of;
+  std::vector<std::string> tap_senders;
 };
 
 using route_atom = caf::atom_constant<caf::atom("route")>;

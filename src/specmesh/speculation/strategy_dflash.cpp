@@ -1,0 +1,172 @@
+// DFlash over pipelines: a block drafter (role `draft`, a DFlash drafter directory, run by
+// actors/dflash_stage) proposes a whole block at once from the hidden states the target's
+// stages tap and send it, and the target verifies the block in one run. The loop is z-lab's
+// dflash_generate (speculation/dflash_decode.hpp is the same loop in one process):
+//
+//   prefill the prompt into the target (every row tapped); t0 = sample(last row); anchor = t0
+//   step:  draft run = context rows (the positions the drafter has not taken yet, each naming
+//          the target run that computed it) + block [anchor, mask x (n-1)] at start..start+n-1
+//          proposals p_i = argmax of the drafter's row i, i = 1..n-1
+//          target run [anchor, p_1..p_{n-1}] at start..; y_i = sample(row i) accepted while
+//          p_{i+1} == y_i; the first y that differs (or the last) is the next anchor
+//          the target's cache is cropped to start + a + 1; its taps of rows 0..a are the
+//          drafter's next context rows
+//
+// Every accepted token is the target's own sample given the tokens before it, so the output is
+// plain decoding's for any drafter: token for token at temperature 0, in distribution otherwise.
+#include <algorithm>
+#include <stdexcept>
+
+#include "specmesh/speculation/pipeline_ops.hpp"
+#include "specmesh/speculation/registry.hpp"
+
+namespace specmesh {
+
+namespace {
+
+class BlockDraft final : public Strategy {
+ public:
+  explicit BlockDraft(StrategyHost& h) : h_(h), block_(h.params().integer("block")) {
+    if (block_ < 1) throw std::logic_error("dflash: the runtime resolves block 0 to the drafter's block size");
+  }
+
+  void start() override {
+    const std::vector<int32_t>& toks = h_.tokens();
+    if (toks.empty()) return h_.finish("empty prompt: at least one token (e.g. BOS) is needed");
+    h_.kv_ops(kTargetRole, {{KvOpKind::remove, -1, -1, -1, -1}});
+    h_.kv_ops(kDraftRole, {{KvOpKind::remove, -1, -1, -1, -1}});
+    source_.clear();
+    taken_ = 0;
+    const size_t n_batch = size_t(std::max(1, h_.n_batch()));
+    for (size_t b = 0; b < toks.size(); b += n_batch) {
+      const size_t e = std::min(toks.size(), b + n_batch);
+      Batch batch;
+      for (size_t i = b; i < e; ++i) batch.add(toks[i], int32_t(i), seq_bit(0), i + 1 == toks.size());
+      awaited_ = h_.launch(kTargetRole, batch, false);
+      source_.resize(e, awaited_);
+    }
+    phase_ = Phase::prefill;
+    start_ = int32_t(toks.size());
+  }
+
+  void on_logits(uint64_t run, const Logits& l) override {
+    if (run != awaited_ || h_.done()) return;  // an earlier prefill chunk, or a session that ended
+    const int V = h_.vocab();
+    switch (phase_) {
+      case Phase::prefill: {
+        const std::vector<float> row = rows_of(l, 1, V, run);
+        anchor_ = h_.sampler().sample(row.data(), V);
+        if (!h_.accept(anchor_)) return;
+        return next_step();
+      }
+      case Phase::draft: {
+        const size_t n = block_tokens_.size();
+        const std::vector<float> rows = rows_of(l, n - 1, V, run);
+        for (size_t i = 1; i < n; ++i) block_tokens_[i] = Sampler::argmax(rows.data() + (i - 1) * size_t(V), V);
+        return verify();
+      }
+      case Phase::verify: return settle(run, l);
+    }
+  }
+
+  bool context_shifted(int, int) override { return false; }  // the draft cache holds absolute positions
+
+ private:
+  enum class Phase { prefill, draft, verify };
+
+  // The next block: drafted when it has room for proposals, else a plain decode step.
+  void next_step() {
+    const int n = std::min(block_, h_.n_ctx() - start_);
+    block_tokens_.assign(size_t(std::max(1, n)), anchor_);
+    if (n < 2) return verify();
+    // The drafter's cache holds [0, taken_); what it held past that (a crop that never
+    // happened there: block rows are not cached) goes, as in the reference.
+    h_.kv_ops(kDraftRole, {{KvOpKind::remove, 0, -1, taken_, -1}});
+    Batch b;
+    std::vector<uint64_t> inputs;
+    const std::vector<int32_t>& toks = h_.tokens();
+    for (int32_t p = taken_; p < start_; ++p) {
+      b.add(toks[size_t(p)], p, seq_bit(0), false);
+      inputs.push_back(source_[size_t(p)]);
+    }
+    // Mask rows carry the id just past the vocabulary, no token's: the drafter embeds its mask.
+    for (int i = 0; i < n; ++i) {
+      b.add(i == 0 ? anchor_ : h_.vocab(), start_ + i, seq_bit(0), i > 0);
+      inputs.push_back(0);
+    }
+    awaited_ = h_.launch(kDraftRole, b, true, inputs);
+    taken_ = start_;
+    phase_ = Phase::draft;
+  }
+
+  void verify() {
+    Batch b;
+    for (size_t i = 0; i < block_tokens_.size(); ++i) b.add(block_tokens_[i], start_ + int32_t(i), seq_bit(0), true);
+    awaited_ = h_.launch(kTargetRole, b, block_tokens_.size() > 1);
+    phase_ = Phase::verify;
+  }
+
+  void settle(uint64_t run, const Logits& l) {
+    const int V = h_.vocab();
+    const size_t n = block_tokens_.size();
+    const std::vector<float> rows = rows_of(l, n, V, run);
+    SpecMetrics& m = h_.metrics();
+    m.drafted += int64_t(n) - 1;
+    int a = 0;
+    int32_t y = -1;
+    bool going = true;
+    for (size_t i = 0; i < n && going; ++i) {
+      y = h_.sampler().sample(rows.data() + i * size_t(V), V);
+      const bool match = i + 1 < n && block_tokens_[i + 1] == y;
+      going = h_.accept(y);
+      if (!match) break;
+      ++a;
+    }
+    m.verified(a);
+    if (!going) return;
+    h_.kv_ops(kTargetRole, {{KvOpKind::remove, 0, -1, start_ + a + 1, -1}});
+    source_.resize(size_t(start_ + a + 1), run);
+    start_ += a + 1;
+    anchor_ = y;
+    next_step();
+  }
+
+  StrategyHost& h_;
+  const int block_;
+  Phase phase_ = Phase::prefill;
+  uint64_t awaited_ = 0;
+  std::vector<uint64_t> source_;  // per position, the target run whose taps hold it
+  int32_t taken_ = 0;             // positions the drafter's cache holds: [0, taken_)
+  int32_t start_ = 0;             // the anchor's position
+  int32_t anchor_ = -1;
+  std::vector<int32_t> block_tokens_;  // the anchor and the proposals
+};
+
+}  // namespace
+
+StrategyInfo strategy_info_dflash() {
+  StrategyInfo s;
+  s.name = "dflash";
+  s.summary = "DFlash: a block drafter (role `draft`: a drafter directory, config.json + model.safetensors) proposes "
+              "`block` - 1 tokens at once from hidden states the target's stages tap and send it; the target "
+              "verifies the block in one run and keeps the proposals equal to its own samples";
+  s.roles = {kTargetRole, kDraftRole};
+  s.params = {
+      {"block", ParamType::Int, 0, 64, 0, "block size: the anchor and block - 1 proposals (0: the drafter's block_size)",
+       {"--block"}},
+      {"taps", ParamType::Int, 16, 32, 32,
+       "bits per value of the tapped hidden states on the wire: 32 (exact) or 16 (F16, half the bytes)", {"--taps"}},
+  };
+  s.drafter_role = kDraftRole;
+  s.check = [](const StrategyParams& p, const SetupFacts& f) {
+    if (p.integer("taps") != 16 && p.integer("taps") != 32)
+      throw ParamConflict("taps", "taps " + std::to_string(p.integer("taps")) + ": the tapped states travel as 32 or 16 bits");
+    if (f.n_ctx > 0 && p.integer("block") > f.n_ctx)
+      throw ParamConflict("block", "block " + std::to_string(p.integer("block")) + " is longer than the context (" +
+                                       std::to_string(f.n_ctx) + " tokens)");
+  };
+  s.make = [](StrategyHost& h) { return std::make_unique<BlockDraft>(h); };
+  return s;
+}
+
+}  // namespace specmesh
