@@ -40,7 +40,12 @@ struct Options {
   std::vector<std::string> only;
   int n_parallel = 1;
   double p_split = 0.8;
+  std::string drafter = std::string(SPECMESH_SOURCE_DIR) + "/models/dflash-stories-target-1M";
 };
+
+// Block-drafter strategies (dflash) draft with a drafter directory trained for the target, not
+// the pair's draft: the committed drafter exists for stories-target-1M only.
+const std::string kDrafterTarget = "stories-target-1M";
 
 // The refdata target/draft pairs (they share one tokenizer).
 const std::vector<std::pair<std::string, std::string>> kPairs = {
@@ -91,7 +96,8 @@ std::string write_topology(const Options& o, const std::string& target, int n_la
   if (!variant.tree.empty()) f << "tree = \"" << variant.tree << "\"\n";
   if (variant.parallel) f << "n_parallel = " << o.n_parallel << "\np_split = " << o.p_split << "\n";
   f << "[models.target]\npath = \"" << o.refdata << "/gguf-models/" << target << ".gguf\"\n";
-  f << "[models.draft]\npath = \"" << o.refdata << "/gguf-models/" << draft << ".gguf\"\n";
+  if (strategy.drafter_role.empty()) f << "[models.draft]\npath = \"" << o.refdata << "/gguf-models/" << draft << ".gguf\"\n";
+  else f << "[models.draft]\npath = \"" << o.drafter << "\"\n";
   const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(n);
   f << "[nodes.head]\nendpoint = \"inproc://bench-head-" << tag << "\"\nhead = true\n";
   for (int i = 0; i < o.stages; ++i) f << "[nodes.slow" << i << "]\nendpoint = \"inproc://bench-slow" << i << "-" << tag << "\"\n";
@@ -135,6 +141,8 @@ int main(int argc, char** argv) {
   app.add_option("--only", o.only, "only these strategies (and plain decoding, the reference), e.g. pipeinfer")->delimiter(',');
   app.add_flag("--tune", o.tune, "also run spec and pipeinfer at the registry's defaults and at their best point of a small grid")
       ->capture_default_str();
+  app.add_option("--drafter", o.drafter, "dflash: the drafter directory (trained for " + kDrafterTarget + ")")
+      ->check(CLI::ExistingDirectory)->capture_default_str();
   app.add_option("--csv", o.csv, "write the table (one row per pair and strategy) to this CSV file");
   app.add_option("--metrics-csv", o.metrics_csv, "append every request's metrics to this CSV file");
   CLI11_PARSE(app, argc, argv);
@@ -246,7 +254,8 @@ int main(int argc, char** argv) {
     std::vector<std::string> labels;
     try {
       for (const Variant& variant : runs) {
-        report(variant.label, measure(variant));
+        if (!variant.info->drafter_role.empty() && target != kDrafterTarget) continue;
+        report(variant.label, measure(variant), variant.info->drafter_role.empty() ? "" : "(drafter " + o.drafter.substr(o.drafter.rfind('/') + 1) + ")");
         labels.push_back(variant.label);
         if (!o.tune || &variant == &runs.front() || !variant.tree.empty() || variant.parallel) continue;
         // --tune: the strategy at the registry's defaults, and at its best point of the grid

@@ -184,6 +184,35 @@ TEST(DFlashDrafter, BlockPositionAndContextChangeTheOutput) {
   EXPECT_THROW(b.crop(1), std::invalid_argument);
 }
 
+TEST(DFlashDrafter, AWindowKeepsOnlyTheLatestContextRows) {
+  auto d = DFlashDrafter::load(kFixture);
+  ThreadPool pool(1);
+  std::vector<float> taps(5 * 48), other(5 * 48), more(2 * 48), embd(4 * 16);
+  for (size_t i = 0; i < taps.size(); ++i) taps[i] = other[i] = std::sin(0.37f * float(i));
+  for (size_t i = 0; i < 4 * 48; ++i) other[i] = std::cos(0.91f * float(i));  // rows 0..3 differ, row 4 the same
+  for (size_t i = 0; i < more.size(); ++i) more[i] = std::sin(0.05f * float(i) + 1.0f);
+  for (size_t i = 0; i < embd.size(); ++i) embd[i] = std::cos(0.11f * float(i));
+  // A window wider than the context changes nothing.
+  DFlashState all(*d, pool), wide(*d, pool, 100);
+  EXPECT_EQ(all.step(taps.data(), 5, embd.data(), 4), wide.step(taps.data(), 5, embd.data(), 4));
+  EXPECT_EQ(all.step(more.data(), 2, embd.data(), 4), wide.step(more.data(), 2, embd.data(), 4));
+  // A window of 3: after 7 context rows only positions 4..6 count, whatever rows 0..3 held.
+  DFlashState a(*d, pool, 3), b(*d, pool, 3);
+  a.step(taps.data(), 5, embd.data(), 4);
+  b.step(other.data(), 5, embd.data(), 4);
+  const std::vector<float> wa = a.step(more.data(), 2, embd.data(), 4);
+  EXPECT_EQ(wa, b.step(more.data(), 2, embd.data(), 4));
+  EXPECT_NE(wa, all.step(nullptr, 0, embd.data(), 4));  // the unbounded cache sees all 7
+  EXPECT_EQ(a.n_ctx(), 7u);
+  EXPECT_EQ(a.first(), 4u);
+  EXPECT_THROW(a.crop(3), std::invalid_argument);  // those rows are gone
+  a.crop(5);
+  EXPECT_EQ(a.n_ctx(), 5u);
+  // Its cost stops growing with the context.
+  auto target = fixture_target();
+  EXPECT_EQ(d->cost(*target, 1, 4, 3, 3).context, 8);
+}
+
 TEST(DFlashDrafter, RefusesAMissingConfigKey) {
   DrafterCopy c;
   c.edit_config("\"block_size\": 4,", "");

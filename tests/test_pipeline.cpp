@@ -169,7 +169,7 @@ TEST(Topology, ErrorsNameFileLineAndKey) {
   };
   EXPECT_EQ(err("[run]\nstrategy = \"ar\"\n"), "t.toml: models: at least one model is needed");
   EXPECT_EQ(err("[models.t]\npath = \"x\"\n[run]\nstrategy = \"fast\"\n"),
-            "t.toml:4: run.strategy: unknown strategy \"fast\" (registered: ar, spec, pipeinfer, alspec, triforce)");
+            "t.toml:4: run.strategy: unknown strategy \"fast\" (registered: ar, spec, pipeinfer, alspec, triforce, dflash)");
   // A strategy's roles and parameters come from the registry.
   EXPECT_EQ(err("[models.t]\npath = \"x\"\n[run]\nstrategy = \"spec\"\n"),
             "t.toml:4: run.strategy: \"spec\" needs a pipeline for role \"draft\"");

@@ -15,6 +15,7 @@
 
 #include "specmesh/model/context.hpp"
 #include "specmesh/model/generate.hpp"
+#include "chi_square.hpp"
 #include "processes.hpp"
 #include "refdata.hpp"
 #include "specmesh/runtime.hpp"
@@ -23,6 +24,8 @@
 using namespace specmesh;
 using specmesh::test::refdata;
 using specmesh::test::node_options;
+using specmesh::test::chi2_critical;
+using specmesh::test::homogeneity;
 
 namespace {
 
@@ -251,37 +254,6 @@ std::vector<std::map<int32_t, int>> sample_counts(const std::string& strategy, i
     for (int k = 0; k < n && k < int(r.ids.size()); ++k) ++counts[k][r.ids[k]];
   }
   return counts;
-}
-
-// Two-sample chi-square statistic (homogeneity) over tokens seen at least 10 times in all;
-// rarer tokens are pooled into one category. Returns {statistic, degrees of freedom}.
-std::pair<double, int> homogeneity(const std::map<int32_t, int>& a, const std::map<int32_t, int>& b) {
-  std::map<int32_t, std::pair<double, double>> cat;
-  for (auto [t, c] : a) cat[t].first += c;
-  for (auto [t, c] : b) cat[t].second += c;
-  std::vector<std::pair<double, double>> cells;
-  std::pair<double, double> rare{0, 0};
-  for (auto& [t, ab] : cat) {
-    if (ab.first + ab.second >= 10) cells.push_back(ab);
-    else rare.first += ab.first, rare.second += ab.second;
-  }
-  if (rare.first + rare.second > 0) cells.push_back(rare);
-  double na = 0, nb = 0;
-  for (auto& c : cells) na += c.first, nb += c.second;
-  double chi2 = 0;
-  for (auto& c : cells) {
-    const double tot = c.first + c.second;
-    const double ea = tot * na / (na + nb), eb = tot * nb / (na + nb);
-    chi2 += (c.first - ea) * (c.first - ea) / ea + (c.second - eb) * (c.second - eb) / eb;
-  }
-  return {chi2, int(cells.size()) - 1};
-}
-
-// Upper 0.1% point of chi-square with k degrees of freedom (Wilson-Hilferty approximation).
-double chi2_critical(int k) {
-  const double z = 3.0902;  // standard normal upper 0.1%
-  const double h = 2.0 / (9.0 * k);
-  return k * std::pow(1 - h + z * std::sqrt(h), 3);
 }
 
 }  // namespace

@@ -25,9 +25,9 @@ namespace {
 // jobs one at a time, in order.
 struct DraftCaches {
   std::map<int, std::unique_ptr<DFlashState>> seqs;
-  DFlashState& of(int seq, const DFlashDrafter& d, ThreadPool& pool) {
+  DFlashState& of(int seq, const DFlashDrafter& d, ThreadPool& pool, size_t window) {
     auto& s = seqs[seq];
-    if (!s) s = std::make_unique<DFlashState>(d, pool);
+    if (!s) s = std::make_unique<DFlashState>(d, pool, window);
     return *s;
   }
 };
@@ -145,7 +145,7 @@ void schedule_step(DFlashStageState& st, uint64_t run, DraftRun d, std::vector<f
       const DFlashDrafter& drafter = *cfg.drafter;
       const Model& model = *cfg.stage.model;
       const size_t H = size_t(model.hparams().n_embd), V = size_t(model.hparams().n_vocab);
-      DFlashState& cache = caches->of(d.seq, drafter, pool);
+      DFlashState& cache = caches->of(d.seq, drafter, pool, cfg.window);
       const int32_t first = d.batch.positions[0];
       if (size_t(first) != cache.n_ctx())
         throw std::invalid_argument("the run's rows start at position " + std::to_string(first) + ", but the draft cache of sequence " +
@@ -154,7 +154,7 @@ void schedule_step(DFlashStageState& st, uint64_t run, DraftRun d, std::vector<f
       std::vector<int32_t> rows;
       for (size_t i = d.n_new; i < d.batch.tokens.size(); ++i)
         if (d.batch.logits.empty() || d.batch.logits[i]) rows.push_back(int32_t(i));
-      const double modelled = cfg.stage.device_state->modelled_seconds(drafter.cost(model, d.n_new, n_block, cache.n_ctx(), rows.size()));
+      const double modelled = cfg.stage.device_state->modelled_seconds(drafter.cost(model, d.n_new, n_block, cache.n_ctx() - cache.first(), rows.size()));
 
       std::vector<float> embd(n_block * H);
       drafter.embed_block(model, d.batch.tokens[d.n_new], int(n_block), embd.data());

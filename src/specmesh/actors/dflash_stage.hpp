@@ -34,6 +34,7 @@ struct DFlashStageConfig {
   StageConfig stage;
   std::shared_ptr<const DFlashDrafter> drafter;
   std::string tap_pipeline;  // the pipeline whose taps it takes (the target's)
+  size_t window = 0;         // context rows a block attends to, the latest ones (0: all)
   // Target runs whose taps are kept while no draft run has used them; older ones are dropped.
   size_t max_tapped_runs = 64;
 };

@@ -166,17 +166,20 @@ WorkCost DFlashDrafter::cost(const Model& target, size_t n_new, size_t n_block, 
 
 // ---------------------------------------------------------------- forward
 
-DFlashState::DFlashState(const DFlashDrafter& drafter, ThreadPool& pool)
-    : d_(drafter), pool_(pool), k_(drafter.layers.size()), v_(drafter.layers.size()) {}
+DFlashState::DFlashState(const DFlashDrafter& drafter, ThreadPool& pool, size_t window)
+    : d_(drafter), pool_(pool), window_(window), k_(drafter.layers.size()), v_(drafter.layers.size()) {}
 
 void DFlashState::crop(size_t n) {
   if (n > n_ctx_) throw std::invalid_argument("cannot crop the draft cache to " + std::to_string(n) + " rows: it holds " +
                                               std::to_string(n_ctx_));
+  if (n < first_)
+    throw std::invalid_argument("cannot crop the draft cache to " + std::to_string(n) + " rows: its window starts at " +
+                                std::to_string(first_));
   n_ctx_ = n;
   const size_t KV = size_t(d_.config().kv_dim());
   for (size_t il = 0; il < k_.size(); ++il) {
-    k_[il].resize(n * KV);
-    v_[il].resize(n * KV);
+    k_[il].resize((n - first_) * KV);
+    v_[il].resize((n - first_) * KV);
   }
 }
 
@@ -186,6 +189,10 @@ const std::vector<float>& DFlashState::step(const float* taps, size_t n_new, con
   const int D = c.head_dim;
   const int32_t start = int32_t(n_ctx_ + n_new);  // the block follows the context
   const float scale = 1.0f / std::sqrt(float(D));
+  // Rows cached before the step, and the oldest ones the window drops once the new ones are in.
+  const size_t held = n_ctx_ - first_;
+  const size_t drop = window_ && held + n_new > window_ ? held + n_new - window_ : 0;
+  const size_t kept = held + n_new - drop;
 
   // The new context rows: hidden_norm(fc(taps)), the same for every layer.
   ctx_.resize(n_new * H);
@@ -201,13 +208,13 @@ const std::vector<float>& DFlashState::step(const float* taps, size_t n_new, con
   proj_.resize(n_block * H);
   gate_.resize(n_block * F);
   up_.resize(n_block * F);
-  const size_t n_keys = n_ctx_ + n_new + n_block;
+  const size_t n_keys = kept + n_block;
   cells_.resize(n_keys);
   std::iota(cells_.begin(), cells_.end(), 0);
 
-  // K (k_norm, then RoPE at the row's position) and V of `n` rows of `in` into rows
+  // K (k_norm, then RoPE at position pos0 + r) and V of `n` rows of `in` into rows
   // [row0, row0 + n) of layer il's cache.
-  auto project_kv = [&](const DFlashLayer& l, size_t il, const float* in, size_t n, size_t row0) {
+  auto project_kv = [&](const DFlashLayer& l, size_t il, const float* in, size_t n, size_t row0, size_t pos0) {
     if (!n) return;
     float* k = k_[il].data() + row0 * KV;
     float* v = v_[il].data() + row0 * KV;
@@ -216,18 +223,22 @@ const std::vector<float>& DFlashState::step(const float* taps, size_t n_new, con
     for (size_t r = 0; r < n; ++r) {
       float* kr = k + r * KV;
       for (int h = 0; h < c.n_head_kv; ++h) rmsnorm(kr + h * D, l.k_norm, kr + h * D, size_t(D), c.rms_eps);
-      rope(kr, c.n_head_kv, D, D, int32_t(row0 + r), c.rope_theta, RopeStyle::Neox);
+      rope(kr, c.n_head_kv, D, D, int32_t(pos0 + r), c.rope_theta, RopeStyle::Neox);
     }
   };
 
   for (size_t il = 0; il < d_.layers.size(); ++il) {
     const DFlashLayer& l = d_.layers[il];
-    k_[il].resize(n_keys * KV);
-    v_[il].resize(n_keys * KV);
-    project_kv(l, il, ctx_.data(), n_new, n_ctx_);
+    k_[il].resize((held + n_new + n_block) * KV);
+    v_[il].resize((held + n_new + n_block) * KV);
+    project_kv(l, il, ctx_.data(), n_new, held, n_ctx_);
+    if (drop) {
+      k_[il].erase(k_[il].begin(), k_[il].begin() + long(drop * KV));
+      v_[il].erase(v_[il].begin(), v_[il].begin() + long(drop * KV));
+    }
 
     for (size_t i = 0; i < n_block; ++i) rmsnorm(x_.data() + i * H, l.attn_norm, h_.data() + i * H, H, c.rms_eps);
-    project_kv(l, il, h_.data(), n_block, n_ctx_ + n_new);
+    project_kv(l, il, h_.data(), n_block, kept, n_ctx_ + n_new);
     matmul(l.wq, h_.data(), n_block, q_.data(), pool_);
     for (size_t i = 0; i < n_block; ++i) {
       float* qi = q_.data() + i * Q;
@@ -250,10 +261,11 @@ const std::vector<float>& DFlashState::step(const float* taps, size_t n_new, con
     add(x_.data(), proj_.data(), n_block * H);
 
     // The block rows are not context: only the context rows stay cached.
-    k_[il].resize((n_ctx_ + n_new) * KV);
-    v_[il].resize((n_ctx_ + n_new) * KV);
+    k_[il].resize(kept * KV);
+    v_[il].resize(kept * KV);
   }
   n_ctx_ += n_new;
+  first_ += drop;
 
   out_.resize(n_block * H);
   for (size_t i = 0; i < n_block; ++i) rmsnorm(x_.data() + i * H, d_.norm, out_.data() + i * H, H, c.rms_eps);

@@ -93,14 +93,17 @@ class DFlashDrafter {
 
 // The draft cache of one sequence and the drafter's scratch. The cache holds the K and V of
 // context rows only (K after k_norm and RoPE, V raw), one row per target position whose hidden
-// states were given; block rows are never cached.
+// states were given; block rows are never cached. With a window W (0: none) it keeps only the
+// latest W context rows: a block attends to those and itself, so a step's cost stops growing
+// with the context (keys keep their absolute RoPE positions).
 class DFlashState {
  public:
-  DFlashState(const DFlashDrafter& drafter, ThreadPool& pool);
+  DFlashState(const DFlashDrafter& drafter, ThreadPool& pool, size_t window = 0);
 
-  // Context rows in the cache: the positions [0, n_ctx()).
+  // Context rows given so far: the positions [0, n_ctx()); the cache holds [first(), n_ctx()).
   size_t n_ctx() const { return n_ctx_; }
-  // Drops the context rows from position n on (n <= n_ctx()).
+  size_t first() const { return first_; }
+  // Drops the context rows from position n on (first() <= n <= n_ctx()).
   void crop(size_t n);
 
   // Appends n_new context rows, from taps (n_new x n_taps*H: row r holds the taps of position
@@ -111,7 +114,9 @@ class DFlashState {
  private:
   const DFlashDrafter& d_;
   ThreadPool& pool_;
+  size_t window_ = 0;
   size_t n_ctx_ = 0;
+  size_t first_ = 0;
   std::vector<std::vector<float>> k_, v_;  // per layer: context rows, then this step's block rows
   std::vector<float> ctx_, x_, h_, q_, kv_tmp_, att_, proj_, gate_, up_, out_;
   std::vector<int32_t> cells_;

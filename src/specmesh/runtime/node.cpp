@@ -1,6 +1,7 @@
 #include "specmesh/runtime/node.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -20,6 +21,9 @@ namespace specmesh {
 std::shared_ptr<const Model> ModelCache::get(const ModelSpec& spec) {
   std::lock_guard<std::mutex> lk(mu_);
   auto& m = models_[spec.path + "|" + spec.tokenizer];
+  if (!m && std::filesystem::is_directory(spec.path))
+    throw std::invalid_argument(spec.path + ": a directory, not a model file (a DFlash drafter's directory is the draft "
+                                "of strategy dflash only)");
   if (!m) m = Model::load(spec.path, spec.tokenizer);
   return m;
 }
@@ -68,13 +72,14 @@ std::vector<std::string> pipeline_nodes(const Topology& topo, const std::string&
 
 void resolve_layers(Topology& topo, ModelCache& models) {
   for (const auto& [role, model] : topo.role_models()) {
-    std::shared_ptr<const DFlashDrafter> drafter;
+    int n_layer = 0;
     try {
-      drafter = role_drafter(topo, models, role);
+      const auto drafter = role_drafter(topo, models, role);
+      n_layer = drafter ? drafter->config().n_layer : models.get(topo.models.at(model))->hparams().n_layer;
     } catch (const std::exception& e) {
       topo.fail(Topology::role_key(role), e.what());
     }
-    topo.resolve_layers(role, drafter ? drafter->config().n_layer : models.get(topo.models.at(model))->hparams().n_layer);
+    topo.resolve_layers(role, n_layer);
   }
 }
 
@@ -171,7 +176,9 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
       auto stats = std::make_shared<StageStats>();
       caf::actor a;
       if (drafter && role == drafter_role) {
-        a = spawn_dflash_stage(sys, {sc, drafter, kTargetRole}, stats);
+        DFlashStageConfig dc{sc, drafter, kTargetRole};
+        dc.window = size_t(strat->resolve(topo.run.params).integer("window"));
+        a = spawn_dflash_stage(sys, dc, stats);
       } else if (const int group = pair_group(role); group >= 0) {
         AlspecStageConfig pc;
         pc.stage = sc;

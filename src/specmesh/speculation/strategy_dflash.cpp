@@ -156,6 +156,10 @@ StrategyInfo strategy_info_dflash() {
        {"--block"}},
       {"taps", ParamType::Int, 16, 32, 32,
        "bits per value of the tapped hidden states on the wire: 32 (exact) or 16 (F16, half the bytes)", {"--taps"}},
+      {"window", ParamType::Int, 0, 1 << 20, 0,
+       "draft cache: a block attends to the latest this many context rows, so drafting cost stops growing with the "
+       "context (0: all of them)",
+       {}},
   };
   s.drafter_role = kDraftRole;
   s.check = [](const StrategyParams& p, const SetupFacts& f) {

@@ -1,0 +1,197 @@
+// The dflash strategy end to end: the target's stages tap the drafter's layers and send them to
+// the drafter's stage, in process and with the target over stage processes. Lossless at
+// temperature 0 against plain decoding on stories-target-1M with the committed trained drafter
+// and on a synthetic Qwen3 (GQA) with a random drafter; at temperature 1 distributed per
+// position like plain sampling; bad drafters refused with the file and the defect.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+#include "chi_square.hpp"
+#include "private_dir.hpp"
+#include "processes.hpp"
+#include "refdata.hpp"
+#include "specmesh/model/context.hpp"
+#include "specmesh/model/dflash_synthetic.hpp"
+#include "specmesh/model/generate.hpp"
+#include "specmesh/model/synthetic.hpp"
+#include "specmesh/runtime.hpp"
+
+using namespace specmesh;
+using namespace specmesh::test;
+
+namespace {
+
+const std::string kTrained = std::string(SPECMESH_SOURCE_DIR) + "/models/dflash-stories-target-1M";
+const std::vector<std::string> kPrompts = {"Once upon a time", "Lily and Tom went to the park", "The little dog"};
+
+std::string stories_target() { return refdata("gguf-models/stories-target-1M.gguf"); }
+
+// The target over `stages` stages on nodes n0.. (processes unless inproc), the drafter on a
+// device of the head node (without one for strategy ar).
+std::string topology(const std::string& dir, const std::string& target, const std::string& drafter, int stages,
+                     const std::string& transport, const std::string& params, int n_predict,
+                     const std::string& strategy = "dflash") {
+  const bool draft = strategy == "dflash";
+  static std::atomic<int> n{0};
+  const int id = n++;
+  const std::string path = dir + "/dflash-" + std::to_string(id) + ".toml";
+  auto ep = [&](const std::string& node) {
+    if (transport == "inproc") return "inproc://dflash-" + std::to_string(::getpid()) + "-" + std::to_string(id) + "-" + node;
+    return "ipc://" + dir + "/" + std::to_string(id) + "-" + node + ".ipc";
+  };
+  std::ofstream f(path);
+  f << "[run]\nmodel = \"target\"\n" << (draft ? "draft = \"drafter\"\n" : "") << "strategy = \"" << strategy
+    << "\"\nn_predict = " << n_predict << "\n[run.params]\n" << params << "\n";
+  f << "[models.target]\npath = \"" << target << "\"\n";
+  if (draft) f << "[models.drafter]\npath = \"" << drafter << "\"\n";
+  f << "[nodes.head]\nendpoint = \"" << ep("head") << "\"\nhead = true\n[devices.drafter]\nnode = \"head\"\n";
+  for (int i = 0; i < stages; ++i)
+    f << "[nodes.n" << i << "]\nendpoint = \"" << ep("n" + std::to_string(i)) << "\"\n[devices.cpu" << i << "]\nnode = \"n"
+      << i << "\"\n";
+  for (int i = 0; i < stages; ++i) f << "[[stages]]\nmodel = \"target\"\ndevice = \"cpu" << i << "\"\nfraction = " << 1.0 / stages << "\n";
+  if (draft) f << "[[stages]]\nmodel = \"drafter\"\ndevice = \"drafter\"\nfraction = 1.0\n";
+  return path;
+}
+
+std::vector<int32_t> greedy(const std::string& model_path, const std::vector<int32_t>& prompt, int n) {
+  auto m = Model::load(model_path);
+  Context ctx(*m, {});
+  return greedy_ids(ctx, prompt, n, true);
+}
+
+// Generates every prompt at temperature 0 and checks the ids are plain decoding's; returns the
+// accepted-length histogram over all of them.
+std::vector<int64_t> expect_lossless(const std::string& target, const std::string& drafter, int stages,
+                                     const std::string& transport, const std::string& params,
+                                     const std::vector<std::string>& prompts, int n = 48) {
+  ScopedTempDir dir("dflash-rt");
+  std::filesystem::permissions(dir.path, std::filesystem::perms::owner_all);
+  auto rt = Runtime::open(topology(dir.path, target, drafter, stages, transport, params, n), node_options(transport != "inproc"));
+  std::vector<int64_t> hist;
+  for (const std::string& prompt : prompts) {
+    auto r = rt->generate({.prompt = prompt, .n_predict = n, .sampling = SamplerParams{.temperature = 0}, .ignore_eos = true});
+    EXPECT_TRUE(r.ok()) << r.error;
+    EXPECT_EQ(r.ids, greedy(target, r.prompt_ids, n))
+        << "dflash over " << stages << " stages (" << transport << ", " << params << "), prompt '" << prompt << "'";
+    EXPECT_EQ(r.metrics.strategy, "dflash");
+    EXPECT_GT(r.metrics.verifications, 0);
+    EXPECT_EQ(std::accumulate(r.metrics.accepted_hist.begin(), r.metrics.accepted_hist.end(), int64_t(0)),
+              r.metrics.verifications);
+    hist.resize(std::max(hist.size(), r.metrics.accepted_hist.size()), 0);
+    for (size_t d = 0; d < r.metrics.accepted_hist.size(); ++d) hist[d] += r.metrics.accepted_hist[d];
+  }
+  return hist;
+}
+
+double tau(const std::vector<int64_t>& hist) {
+  int64_t steps = 0, tokens = 0;
+  for (size_t d = 0; d < hist.size(); ++d) steps += hist[d], tokens += hist[d] * int64_t(d + 1);
+  return steps ? double(tokens) / double(steps) : 0.0;
+}
+
+void print_hist(const std::string& what, const std::vector<int64_t>& hist) {
+  std::printf("%s: tau %.3f, accepted-length histogram", what.c_str(), tau(hist));
+  for (int64_t c : hist) std::printf(" %lld", static_cast<long long>(c));
+  std::printf("\n");
+}
+
+}  // namespace
+
+TEST(DFlashRuntime, LosslessWithTheTrainedDrafterInProcessAndOverThreeProcesses) {
+  SPECMESH_REQUIRE_REFDATA();
+  const auto one = expect_lossless(stories_target(), kTrained, 1, "inproc", "", kPrompts);
+  print_hist("trained drafter, 1 stage in process", one);
+  EXPECT_GT(tau(one), 1.2);  // the trained drafter is right more than by chance
+  expect_lossless(stories_target(), kTrained, 2, "inproc", "block = 4\ntaps = 16\nwindow = 8", {kPrompts[0]});
+  const auto three = expect_lossless(stories_target(), kTrained, 3, "ipc", "", kPrompts);
+  print_hist("trained drafter, 3 stage processes", three);
+  EXPECT_EQ(three, one);  // the same proposals wherever the stages run
+}
+
+TEST(DFlashRuntime, LosslessOnASyntheticQwen3WithARandomDrafter) {
+  ScopedTempDir dir("dflash-qwen3");
+  SyntheticSpec spec = *synthetic_preset("tiny-qwen3");
+  spec.seed = 5;
+  spec.n_threads = 1;
+  const std::string target = dir.path + "/qwen3.gguf", drafter = dir.path + "/drafter";
+  write_synthetic_model(spec, target);
+  DFlashConfig c = dflash_config_for(*Model::load(target), 2, 2, 6);
+  write_random_dflash_drafter(c, drafter, 11);
+  expect_lossless(target, drafter, 1, "inproc", "", {"hello world", "a b c"}, 32);
+  expect_lossless(target, drafter, 2, "ipc", "block = 3", {"hello world"}, 32);
+}
+
+// At temperature 1 dflash draws each token from the target's row in plain decoding's order, so
+// per position its tokens are distributed like plain sampling's.
+TEST(DFlashRuntime, TokenFrequenciesMatchAutoregressionAtTemperatureOne) {
+  SPECMESH_REQUIRE_REFDATA();
+  ScopedTempDir dir("dflash-hot");
+  const int runs = 400, n = 4;
+  auto counts = [&](const std::string& strategy) {
+    auto rt = Runtime::open(topology(dir.path, stories_target(), kTrained, 1, "inproc", "", n, strategy), node_options(false));
+    std::vector<std::map<int32_t, int>> out(n);
+    for (int i = 0; i < runs; ++i) {
+      auto r = rt->generate({.prompt = "Once upon a time", .n_predict = n,
+                             .sampling = SamplerParams{.temperature = 1.0f, .seed = uint64_t(5000 + i * 7919)},
+                             .ignore_eos = true});
+      EXPECT_TRUE(r.ok()) << r.error;
+      for (int k = 0; k < n && k < int(r.ids.size()); ++k) ++out[size_t(k)][r.ids[size_t(k)]];
+    }
+    return out;
+  };
+  const auto ar = counts("ar"), dflash = counts("dflash");
+  for (int k = 0; k < n; ++k) {
+    auto [chi2, dof] = homogeneity(ar[size_t(k)], dflash[size_t(k)]);
+    ASSERT_GT(dof, 0);
+    EXPECT_LT(chi2, chi2_critical(dof)) << "position " << k << ": chi2 " << chi2 << " with " << dof << " dof";
+  }
+  EXPECT_GT(ar[1].size(), 3u);  // the positions after the first really vary
+}
+
+TEST(DFlashRuntime, ABadDrafterIsRefusedWithTheFileAndTheDefect) {
+  SPECMESH_REQUIRE_REFDATA();
+  ScopedTempDir dir("dflash-bad");
+  auto target = Model::load(stories_target());
+  auto open_with = [&](const DFlashConfig& c) -> std::string {
+    const std::string d = dir.path + "/d" + std::to_string(c.target_layer_ids.back()) + "-" + std::to_string(c.mask_token_id);
+    write_random_dflash_drafter(c, d, 3);
+    try {
+      Runtime::open(topology(dir.path, stories_target(), d, 1, "inproc", "", 8), node_options(false));
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "(opened)";
+  };
+  DFlashConfig c = dflash_config_for(*target, 1, 2, 4);
+  c.target_layer_ids = {1, target->hparams().n_layer};  // beyond the target
+  std::string why = open_with(c);
+  EXPECT_NE(why.find("config.json"), std::string::npos) << why;
+  EXPECT_NE(why.find("not a layer of the"), std::string::npos) << why;
+  EXPECT_NE(why.find("run.draft"), std::string::npos) << why;
+  c = dflash_config_for(*target, 1, 2, 4);
+  c.mask_token_id = target->hparams().n_vocab + 5;  // neither the vocabulary's nor its own
+  why = open_with(c);
+  EXPECT_NE(why.find("mask_token_id"), std::string::npos) << why;
+  // A drafter's directory as another strategy's draft model.
+  std::string path = topology(dir.path, stories_target(), kTrained, 1, "inproc", "", 8);
+  {
+    std::ifstream in(path);
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    text.replace(text.find("strategy = \"dflash\""), 19, "strategy = \"spec\"");
+    std::ofstream(path) << text;
+  }
+  try {
+    Runtime::open(path, node_options(false));
+    ADD_FAILURE() << "spec opened with a drafter directory as its draft";
+  } catch (const std::exception& e) {
+    why = e.what();
+    EXPECT_NE(why.find("run.draft"), std::string::npos) << why;
+    EXPECT_NE(why.find("a directory, not a model file"), std::string::npos) << why;
+  }
+}
