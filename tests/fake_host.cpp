@@ -113,14 +113,15 @@ uint64_t FakeHost::launch(const std::string& role, const Batch& batch, bool spec
       if (l.run == inputs[i]) src = &l;
     const std::string what = role + " run " + std::to_string(run) + " row " + std::to_string(i) + " takes run " +
                              std::to_string(inputs[i]) + "'s hidden states at position " + std::to_string(pos);
-    if (!src || src->role != kTargetRole || !src->delivered) {
-      error(what + ", which is no delivered target run");
+    if (!src || src->role != kTargetRole || src->cancelled) {
+      error(what + ", which is no target run going on");
       continue;
     }
+    // Positions not accepted yet are a guess (the strategy cancels the run if it fails).
     auto at = std::find(src->batch.pos.begin(), src->batch.pos.end(), pos);
     if (at == src->batch.pos.end()) error(what + ", which it did not compute");
-    else if (size_t(pos) >= tokens_.size() || src->batch.tokens[size_t(at - src->batch.pos.begin())] != tokens_[size_t(pos)])
-      error(what + ", where it had a token the sequence no longer has");
+    else if (size_t(pos) < tokens_.size() && src->batch.tokens[size_t(at - src->batch.pos.begin())] != tokens_[size_t(pos)])
+      error(what + ", where it had a token the sequence does not have");
   }
   for (int32_t pos : batch.pos)
     if (pos >= opt_.n_ctx)

@@ -130,8 +130,9 @@ class FakeHost final : public StrategyHost {
 
   // StrategyHost
   using StrategyHost::launch;
-  // A row with an input must name a target run that computed its position with the token
-  // the canonical sequence now has there (the hidden states it takes are the right ones).
+  // A row with an input must name a target run (not cancelled) that computes its position,
+  // with the token the canonical sequence has there once it has one (the hidden states it
+  // takes are the right ones; beyond the accepted tokens they are a guess).
   uint64_t launch(const std::string& role, const Batch& batch, bool speculative, const std::vector<uint64_t>& inputs) override;
   void kv_ops(const std::string& role, std::vector<KvOp> ops) override;
   void cancel(const std::string& role, const std::vector<uint64_t>& runs) override;

@@ -204,10 +204,18 @@ TEST(DFlashDrafter, AWindowKeepsOnlyTheLatestContextRows) {
   EXPECT_EQ(wa, b.step(more.data(), 2, embd.data(), 4));
   EXPECT_NE(wa, all.step(nullptr, 0, embd.data(), 4));  // the unbounded cache sees all 7
   EXPECT_EQ(a.n_ctx(), 7u);
-  EXPECT_EQ(a.first(), 4u);
-  EXPECT_THROW(a.crop(3), std::invalid_argument);  // those rows are gone
-  a.crop(5);
+  a.crop(5);  // rows past the window stay a while for crops
   EXPECT_EQ(a.n_ctx(), 5u);
+  EXPECT_EQ(a.first(), 0u);
+  // Past the window and its slack they go.
+  const size_t n = 3 + DFlashState::kCropSlack + 10;
+  std::vector<float> many(n * 48);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = std::sin(0.013f * float(i));
+  a.step(many.data(), n, embd.data(), 4);
+  EXPECT_EQ(a.n_ctx(), 5 + n);
+  EXPECT_EQ(a.first(), 5 + n - 3 - DFlashState::kCropSlack);
+  EXPECT_THROW(a.crop(a.first() - 1), std::invalid_argument);  // those rows are gone
+  a.crop(a.first());
   // Its cost stops growing with the context.
   auto target = fixture_target();
   EXPECT_EQ(d->cost(*target, 1, 4, 3, 3).context, 8);

@@ -89,6 +89,8 @@ SpecMetrics sample_metrics() {
   m.runs_wasted = 4;
   m.failovers = 1;
   m.accepted_hist = {0, 2, 0, 1};
+  m.speculative_drafts = 12;
+  m.speculative_drafts_used = 5;
   m.middle_drafted = 50;
   m.middle_accepted = 41;
   m.middle_verifications = 20;
@@ -117,12 +119,14 @@ void expect_row(const std::vector<std::string>& row, const SpecMetrics& m) {
   EXPECT_EQ(std::stoll(row[16]), m.runs_launched);
   EXPECT_EQ(std::stoll(row[17]), m.runs_cancelled);
   EXPECT_EQ(std::stoll(row[18]), m.runs_wasted);
-  EXPECT_EQ(std::strtod(row[row.size() - 4].c_str(), nullptr), m.itl_p50_ms);
-  EXPECT_EQ(std::strtod(row[row.size() - 3].c_str(), nullptr), m.itl_p99_ms);
-  EXPECT_EQ(std::stoll(row[row.size() - 2]), m.failovers);
+  EXPECT_EQ(std::strtod(row[row.size() - 6].c_str(), nullptr), m.itl_p50_ms);
+  EXPECT_EQ(std::strtod(row[row.size() - 5].c_str(), nullptr), m.itl_p99_ms);
+  EXPECT_EQ(std::stoll(row[row.size() - 4]), m.failovers);
+  EXPECT_EQ(std::stoll(row[row.size() - 2]), m.speculative_drafts);
+  EXPECT_EQ(std::stoll(row[row.size() - 1]), m.speculative_drafts_used);
   std::string hist;
   for (int64_t c : m.accepted_hist) hist += (hist.empty() ? "" : " ") + std::to_string(c);
-  EXPECT_EQ(row[row.size() - 1], hist);  // accepted_hist, one field ("0 2 0 1")
+  EXPECT_EQ(row[row.size() - 3], hist);  // accepted_hist, one field ("0 2 0 1")
   auto col = [&](const char* name) {
     const auto& cols = SpecMetrics::csv_columns();
     return row[size_t(std::find(cols.begin(), cols.end(), name) - cols.begin())];

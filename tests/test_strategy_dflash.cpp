@@ -130,6 +130,59 @@ TEST(StrategyDFlash, OutputIsTheTargetsWhateverTheDrafterProposes) {
   EXPECT_EQ(h.metrics().accepted, 0);
 }
 
+TEST(StrategyDFlash, AsyncDraftsTheNextBlockWhileTheTargetVerifies) {
+  // A perfect drafter: every guess holds, so after the first step each draft was launched with
+  // the verification before it, and used.
+  FakeHost h = make_host(kTarget, 25);
+  h.start("dflash", {{"block", 4}, {"async", 1}});
+  // The first draft, then its verification and at once the next block's draft, whose context
+  // rows are the verification's block and whose anchor is the drafter's guess.
+  ASSERT_TRUE(h.settle_next(kTargetRole));  // the prefill
+  ASSERT_TRUE(h.settle_next(kDraft));
+  const auto targets = h.launches(kTargetRole);
+  const auto drafts = h.launches(kDraft);
+  ASSERT_EQ(targets.size(), 2u);
+  ASSERT_EQ(drafts.size(), 2u);
+  const LaunchRecord& v = *targets[1];
+  const LaunchRecord& g = *drafts[1];
+  EXPECT_TRUE(v.in_flight());
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(g.inputs[size_t(i)], v.run);
+    EXPECT_EQ(g.batch.tokens[size_t(i)], v.batch.tokens[size_t(i)]);
+    EXPECT_EQ(g.batch.pos[size_t(i)], L + i);
+  }
+  EXPECT_EQ(g.batch.pos[4], L + 4);  // the guessed anchor after the block
+  EXPECT_EQ(g.batch.size(), 4u + 5u);  // and 3 proposals and one more guess
+  run_to_end(h);
+  EXPECT_TRUE(h.errors().empty()) << h.errors().front();
+  EXPECT_EQ(h.generated(), greedy_continuation(kPrompt, kTarget, 25));
+  const SpecMetrics& m = h.metrics();
+  EXPECT_GE(m.speculative_drafts, 5);
+  EXPECT_GE(m.speculative_drafts_used, m.speculative_drafts - 1);
+  EXPECT_TRUE(h.events(EventKind::cancel, kDraft).empty() || m.speculative_drafts_used < m.speculative_drafts);
+}
+
+TEST(StrategyDFlash, AsyncCancelsAWrongGuessAndStaysLossless) {
+  const int n = 40;
+  const auto greedy = greedy_continuation(kPrompt, kTarget, n);
+  for (uint64_t seed : {1, 2, 3, 4}) {
+    for (const std::vector<int32_t>& wrong :
+         std::vector<std::vector<int32_t>>{{L + 1}, {L + 4, L + 8}, {L + 2, L + 3, L + 9, L + 13, L + 30}}) {
+      SCOPED_TRACE("seed " + std::to_string(seed) + ", wrong at " + std::to_string(wrong.size()) + " positions");
+      FakeHost h = make_host(disagree_at(kTarget, wrong, kVocab), n);
+      h.start("dflash", {{"block", 4}, {"async", 1}});
+      // Any order of arrival between the pipelines: a guess's logits may come before the
+      // verification it assumes.
+      h.run_to_end(FakeHost::shuffled(seed));
+      EXPECT_TRUE(h.errors().empty()) << h.errors().front();
+      EXPECT_EQ(h.generated(), greedy);
+      const SpecMetrics& m = h.metrics();
+      EXPECT_GT(m.speculative_drafts, m.speculative_drafts_used);
+      EXPECT_FALSE(h.events(EventKind::cancel, kDraft).empty());
+    }
+  }
+}
+
 TEST(StrategyDFlash, SamplesAsPlainDecodingDoesAtTemperatureOne) {
   // Every emitted token is one draw of the sampler from the target's row, in the order plain
   // decoding draws them: with the same seed the outputs are the same tokens.
@@ -145,6 +198,7 @@ TEST(StrategyDFlash, SamplesAsPlainDecodingDoesAtTemperatureOne) {
   };
   const auto ar = run("ar", {});
   EXPECT_EQ(run("dflash", {{"block", 5}}), ar);
+  EXPECT_EQ(run("dflash", {{"block", 5}, {"async", 1}}), ar);
   EXPECT_NE(ar, greedy_continuation(kPrompt, kTarget, 30));  // the draws really vary
 }
 

@@ -121,6 +121,10 @@ struct Metrics {
   int64_t middle_accepted = 0;       // of those, accepted by the middle level
   int64_t middle_verifications = 0;  // middle-level verification runs
   int64_t cache_rebuilds = 0;        // times the partial (retrieval) cache was rebuilt
+  // Block drafting (DFlash) with async: drafts launched before the verification they assume
+  // (that it accepts the whole block), and those whose guess held and were used.
+  int64_t speculative_drafts = 0;
+  int64_t speculative_drafts_used = 0;
 
   // accepted / drafted; 0 when nothing was drafted.
   double acceptance_rate() const { return drafted > 0 ? double(accepted) / double(drafted) : 0.0; }

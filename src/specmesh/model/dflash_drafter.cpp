@@ -189,10 +189,13 @@ const std::vector<float>& DFlashState::step(const float* taps, size_t n_new, con
   const int D = c.head_dim;
   const int32_t start = int32_t(n_ctx_ + n_new);  // the block follows the context
   const float scale = 1.0f / std::sqrt(float(D));
-  // Rows cached before the step, and the oldest ones the window drops once the new ones are in.
+  // Rows cached before the step; the oldest ones past the window and its slack go once the new
+  // ones are in, and a block attends to the latest `window_` of those kept.
   const size_t held = n_ctx_ - first_;
-  const size_t drop = window_ && held + n_new > window_ ? held + n_new - window_ : 0;
+  const size_t keep_most = window_ ? window_ + kCropSlack : SIZE_MAX;
+  const size_t drop = held + n_new > keep_most ? held + n_new - keep_most : 0;
   const size_t kept = held + n_new - drop;
+  const size_t visible = window_ ? std::min(kept, window_) : kept;
 
   // The new context rows: hidden_norm(fc(taps)), the same for every layer.
   ctx_.resize(n_new * H);
@@ -208,9 +211,9 @@ const std::vector<float>& DFlashState::step(const float* taps, size_t n_new, con
   proj_.resize(n_block * H);
   gate_.resize(n_block * F);
   up_.resize(n_block * F);
-  const size_t n_keys = kept + n_block;
+  const size_t n_keys = visible + n_block;
   cells_.resize(n_keys);
-  std::iota(cells_.begin(), cells_.end(), 0);
+  std::iota(cells_.begin(), cells_.end(), int32_t(kept - visible));
 
   // K (k_norm, then RoPE at position pos0 + r) and V of `n` rows of `in` into rows
   // [row0, row0 + n) of layer il's cache.

@@ -93,11 +93,13 @@ class DFlashDrafter {
 
 // The draft cache of one sequence and the drafter's scratch. The cache holds the K and V of
 // context rows only (K after k_norm and RoPE, V raw), one row per target position whose hidden
-// states were given; block rows are never cached. With a window W (0: none) it keeps only the
-// latest W context rows: a block attends to those and itself, so a step's cost stops growing
-// with the context (keys keep their absolute RoPE positions).
+// states were given; block rows are never cached. With a window W (0: none) a block attends to
+// the latest W context rows and itself, so a step's cost stops growing with the context (keys
+// keep their absolute RoPE positions); the cache keeps kCropSlack rows more, so a crop of up to
+// that many rows (a rejected block) still finds them.
 class DFlashState {
  public:
+  static constexpr size_t kCropSlack = 64;
   DFlashState(const DFlashDrafter& drafter, ThreadPool& pool, size_t window = 0);
 
   // Context rows given so far: the positions [0, n_ctx()); the cache holds [first(), n_ctx()).

@@ -66,7 +66,7 @@ const std::vector<std::string>& SpecMetrics::csv_columns() {
       "tree_size", "accepted_depth", "max_accepted_depth",
       "runs_launched", "runs_cancelled", "runs_wasted", "attention_checks", "attention_hits", "attention_hit_rate",
       "overlap_saved_ms", "middle_drafted", "middle_accepted", "middle_acceptance_rate", "middle_verifications",
-      "middle_tokens_per_verification", "cache_rebuilds", "itl_p50_ms", "itl_p99_ms", "failovers", "accepted_hist"};
+      "middle_tokens_per_verification", "cache_rebuilds", "itl_p50_ms", "itl_p99_ms", "failovers", "accepted_hist", "speculative_drafts", "speculative_drafts_used"};
   return cols;
 }
 
@@ -103,7 +103,9 @@ std::vector<std::string> SpecMetrics::csv_values() const {
           number(itl_p50_ms),
           number(itl_p99_ms),
           std::to_string(failovers),
-          hist_text(accepted_hist)};
+          hist_text(accepted_hist),
+          std::to_string(speculative_drafts),
+          std::to_string(speculative_drafts_used)};
 }
 
 nlohmann::json SpecMetrics::to_json() const {
@@ -140,6 +142,8 @@ nlohmann::json SpecMetrics::to_json() const {
           {"middle_verifications", middle_verifications},
           {"middle_tokens_per_verification", middle_tokens_per_verification()},
           {"cache_rebuilds", cache_rebuilds},
+          {"speculative_drafts", speculative_drafts},
+          {"speculative_drafts_used", speculative_drafts_used},
           {"layer_hit_rates", layer_hit_rates},
           {"token_hit_rates", token_hit_rates}};
 }

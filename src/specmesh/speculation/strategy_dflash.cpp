@@ -26,7 +26,7 @@ namespace {
 
 class BlockDraft final : public Strategy {
  public:
-  explicit BlockDraft(StrategyHost& h) : h_(h), block_(h.params().integer("block")) {
+  explicit BlockDraft(StrategyHost& h) : h_(h), block_(h.params().integer("block")), async_(h.params().flag("async")) {
     if (block_ < 1) throw std::logic_error("dflash: the runtime resolves block 0 to the drafter's block size");
   }
 
@@ -37,6 +37,7 @@ class BlockDraft final : public Strategy {
     h_.kv_ops(kDraftRole, {{KvOpKind::remove, -1, -1, -1, -1}});
     source_.clear();
     taken_ = 0;
+    guess_ = {};
     const size_t n_batch = size_t(std::max(1, h_.n_batch()));
     for (size_t b = 0; b < toks.size(); b += n_batch) {
       const size_t e = std::min(toks.size(), b + n_batch);
@@ -50,7 +51,13 @@ class BlockDraft final : public Strategy {
   }
 
   void on_logits(uint64_t run, const Logits& l) override {
-    if (run != awaited_ || h_.done()) return;  // an earlier prefill chunk, or a session that ended
+    if (h_.done()) return;
+    if (run == guess_.run && phase_ == Phase::verify) {
+      guess_.logits = l;  // it came before the verification it assumes
+      guess_.arrived = true;
+      return;
+    }
+    if (run != awaited_) return;  // an earlier prefill chunk, or a guess dropped
     const int V = h_.vocab();
     switch (phase_) {
       case Phase::prefill: {
@@ -59,12 +66,7 @@ class BlockDraft final : public Strategy {
         if (!h_.accept(anchor_)) return;
         return next_step();
       }
-      case Phase::draft: {
-        const size_t n = block_tokens_.size();
-        const std::vector<float> rows = rows_of(l, n - 1, V, run);
-        for (size_t i = 1; i < n; ++i) block_tokens_[i] = Sampler::argmax(rows.data() + (i - 1) * size_t(V), V);
-        return verify();
-      }
+      case Phase::draft: return proposals(run, l);
       case Phase::verify: return settle(run, l);
     }
   }
@@ -74,36 +76,83 @@ class BlockDraft final : public Strategy {
  private:
   enum class Phase { prefill, draft, verify };
 
-  // The next block: drafted when it has room for proposals, else a plain decode step.
+  // The next step's draft, launched with the verification it assumes will accept the whole
+  // block (async): its context rows are the block's, its anchor the drafter's own proposal
+  // for the position after the block.
+  struct Guess {
+    uint64_t run = 0;  // 0: none in flight
+    int32_t anchor = -1;
+    int32_t taken_before = 0;  // what the drafter held before it
+    int rows = 0, extra = 0;   // its block rows, and whether the last is a guess of its own
+    bool arrived = false;
+    Logits logits;
+  };
+
+  // The block for the anchor at start_: drafted when it has room for proposals, else a plain
+  // decode step.
   void next_step() {
     const int n = std::min(block_, h_.n_ctx() - start_);
     block_tokens_.assign(size_t(std::max(1, n)), anchor_);
-    if (n < 2) return verify();
-    // The drafter's cache holds [0, taken_); what it held past that (a crop that never
-    // happened there: block rows are not cached) goes, as in the reference.
-    h_.kv_ops(kDraftRole, {{KvOpKind::remove, 0, -1, taken_, -1}});
-    Batch b;
+    if (n < 2) {
+      verify();
+      return;
+    }
     std::vector<uint64_t> inputs;
+    for (int32_t p = taken_; p < start_; ++p) inputs.push_back(source_[size_t(p)]);
     const std::vector<int32_t>& toks = h_.tokens();
-    for (int32_t p = taken_; p < start_; ++p) {
-      b.add(toks[size_t(p)], p, seq_bit(0), false);
-      inputs.push_back(source_[size_t(p)]);
-    }
-    // Mask rows carry the id just past the vocabulary, no token's: the drafter embeds its mask.
-    for (int i = 0; i < n; ++i) {
-      b.add(i == 0 ? anchor_ : h_.vocab(), start_ + i, seq_bit(0), i > 0);
-      inputs.push_back(0);
-    }
-    awaited_ = h_.launch(kDraftRole, b, true, inputs);
-    taken_ = start_;
+    awaited_ = draft(std::vector<int32_t>(toks.begin() + taken_, toks.begin() + start_), inputs, anchor_, start_, n);
     phase_ = Phase::draft;
   }
 
-  void verify() {
+  // Launches a draft run: context rows (tokens and the target runs that computed them) from
+  // taken_ on, then the anchor at `at` and mask rows, n - 1 proposals and, with async and room
+  // after the block, one more row: the guess for the position after it.
+  uint64_t draft(const std::vector<int32_t>& ctx, std::vector<uint64_t> inputs, int32_t anchor, int32_t at, int n) {
+    // The drafter's cache holds [0, taken_); what it held past that (context rows a dropped
+    // guess took, never block rows) goes, as the reference crops it.
+    h_.kv_ops(kDraftRole, {{KvOpKind::remove, 0, -1, taken_, -1}});
+    const int extra = async_ && at + n < h_.n_ctx() ? 1 : 0;
+    Batch b;
+    for (size_t i = 0; i < ctx.size(); ++i) b.add(ctx[i], taken_ + int32_t(i), seq_bit(0), false);
+    // Mask rows carry the id just past the vocabulary, no token's: the drafter embeds its mask.
+    for (int i = 0; i < n + extra; ++i) {
+      b.add(i == 0 ? anchor : h_.vocab(), at + i, seq_bit(0), i > 0);
+      inputs.push_back(0);
+    }
+    taken_ = at;
+    draft_rows_ = n;
+    draft_extra_ = extra;
+    return h_.launch(kDraftRole, b, true, inputs);
+  }
+
+  // A draft's proposals (argmax of its rows): verify them, and with async guess the next block.
+  void proposals(uint64_t run, const Logits& l) {
+    const int V = h_.vocab();
+    const int n = draft_rows_, extra = draft_extra_;
+    const std::vector<float> rows = rows_of(l, size_t(n - 1 + extra), V, run);
+    block_tokens_.assign(size_t(n), anchor_);
+    for (int i = 1; i < n; ++i) block_tokens_[size_t(i)] = Sampler::argmax(rows.data() + size_t(i - 1) * size_t(V), V);
+    const uint64_t v = verify();
+    if (!extra) return;
+    const int32_t next = start_ + n;
+    const int n_next = std::min(block_, h_.n_ctx() - next);
+    if (n_next < 2) return;
+    Guess g;
+    g.anchor = Sampler::argmax(rows.data() + size_t(n - 1) * size_t(V), V);
+    g.taken_before = taken_;
+    g.run = draft(block_tokens_, std::vector<uint64_t>(size_t(n), v), g.anchor, next, n_next);
+    g.rows = draft_rows_;
+    g.extra = draft_extra_;
+    guess_ = std::move(g);
+    ++h_.metrics().speculative_drafts;
+  }
+
+  uint64_t verify() {
     Batch b;
     for (size_t i = 0; i < block_tokens_.size(); ++i) b.add(block_tokens_[i], start_ + int32_t(i), seq_bit(0), true);
     awaited_ = h_.launch(kTargetRole, b, block_tokens_.size() > 1);
     phase_ = Phase::verify;
+    return awaited_;
   }
 
   void settle(uint64_t run, const Logits& l) {
@@ -123,23 +172,40 @@ class BlockDraft final : public Strategy {
       ++a;
     }
     m.verified(a);
+    Guess g = std::move(guess_);
+    guess_ = {};
+    const bool held = g.run && going && size_t(a) + 1 == n && y == g.anchor;
+    if (g.run && !held) {
+      h_.cancel(kDraftRole, {g.run});
+      taken_ = g.taken_before;
+    }
     if (!going) return;
     h_.kv_ops(kTargetRole, {{KvOpKind::remove, 0, -1, start_ + a + 1, -1}});
     source_.resize(size_t(start_ + a + 1), run);
     start_ += a + 1;
     anchor_ = y;
-    next_step();
+    if (!held) return next_step();
+    // The guess was right: its draft is this step's.
+    ++m.speculative_drafts_used;
+    awaited_ = g.run;
+    draft_rows_ = g.rows;
+    draft_extra_ = g.extra;
+    phase_ = Phase::draft;
+    if (g.arrived) proposals(g.run, g.logits);
   }
 
   StrategyHost& h_;
   const int block_;
+  const bool async_;
   Phase phase_ = Phase::prefill;
   uint64_t awaited_ = 0;
   std::vector<uint64_t> source_;  // per position, the target run whose taps hold it
-  int32_t taken_ = 0;             // positions the drafter's cache holds: [0, taken_)
+  int32_t taken_ = 0;             // positions the drafter's cache holds once its runs are done: [0, taken_)
   int32_t start_ = 0;             // the anchor's position
   int32_t anchor_ = -1;
-  std::vector<int32_t> block_tokens_;  // the anchor and the proposals
+  int draft_rows_ = 0, draft_extra_ = 0;  // the awaited draft's block rows and guess row
+  std::vector<int32_t> block_tokens_;     // the anchor and the proposals
+  Guess guess_;
 };
 
 }  // namespace
@@ -156,6 +222,10 @@ StrategyInfo strategy_info_dflash() {
        {"--block"}},
       {"taps", ParamType::Int, 16, 32, 32,
        "bits per value of the tapped hidden states on the wire: 32 (exact) or 16 (F16, half the bytes)", {"--taps"}},
+      {"async", ParamType::Bool, 0, 1, 0,
+       "draft the next block while the target verifies this one, guessing it is all accepted and that the anchor "
+       "after it is the drafter's own proposal (a wrong guess is cancelled)",
+       {"--async-draft"}},
       {"window", ParamType::Int, 0, 1 << 20, 0,
        "draft cache: a block attends to the latest this many context rows, so drafting cost stops growing with the "
        "context (0: all of them)",
