@@ -204,6 +204,7 @@ int main(int argc, char** argv) {
                       (o.only.empty() || std::find(o.only.begin(), o.only.end(), s.name) != o.only.end());
     if (fits && &s != &plain) runs.push_back({&s, s.name, ""});
     if (fits && !o.tree.empty() && s.param("tree")) runs.push_back({&s, s.name + "-tree", o.tree});
+    if (fits && s.param("async")) runs.push_back({&s, s.name + "-async", "", false, false, {{"async", 1}}});
     if (fits && o.n_parallel > 1 && s.param("n_parallel"))
       runs.push_back({&s, s.name + "-np" + std::to_string(o.n_parallel), "", true});
   }

@@ -67,9 +67,11 @@ std::vector<int32_t> greedy(const std::string& model_path, const std::vector<int
 
 // Generates every prompt at temperature 0 and checks the ids are plain decoding's; returns the
 // accepted-length histogram over all of them.
+// `guesses`, when given, gets the async guesses made and used.
 std::vector<int64_t> expect_lossless(const std::string& target, const std::string& drafter, int stages,
                                      const std::string& transport, const std::string& params,
-                                     const std::vector<std::string>& prompts, int n = 48) {
+                                     const std::vector<std::string>& prompts, int n = 48,
+                                     std::pair<int64_t, int64_t>* guesses = nullptr) {
   ScopedTempDir dir("dflash-rt");
   std::filesystem::permissions(dir.path, std::filesystem::perms::owner_all);
   auto rt = Runtime::open(topology(dir.path, target, drafter, stages, transport, params, n), node_options(transport != "inproc"));
@@ -83,6 +85,7 @@ std::vector<int64_t> expect_lossless(const std::string& target, const std::strin
     EXPECT_GT(r.metrics.verifications, 0);
     EXPECT_EQ(std::accumulate(r.metrics.accepted_hist.begin(), r.metrics.accepted_hist.end(), int64_t(0)),
               r.metrics.verifications);
+    if (guesses) guesses->first += r.metrics.speculative_drafts, guesses->second += r.metrics.speculative_drafts_used;
     hist.resize(std::max(hist.size(), r.metrics.accepted_hist.size()), 0);
     for (size_t d = 0; d < r.metrics.accepted_hist.size(); ++d) hist[d] += r.metrics.accepted_hist[d];
   }
@@ -112,6 +115,13 @@ TEST(DFlashRuntime, LosslessWithTheTrainedDrafterInProcessAndOverThreeProcesses)
   const auto three = expect_lossless(stories_target(), kTrained, 3, "ipc", "", kPrompts);
   print_hist("trained drafter, 3 stage processes", three);
   EXPECT_EQ(three, one);  // the same proposals wherever the stages run
+  // Drafting the next block while the target verifies.
+  std::pair<int64_t, int64_t> guesses{0, 0};
+  print_hist("async, 3 stage processes", expect_lossless(stories_target(), kTrained, 3, "ipc", "async = 1", kPrompts, 48, &guesses));
+  std::printf("async over 3 stage processes: %lld of %lld guessed drafts used\n", static_cast<long long>(guesses.second),
+              static_cast<long long>(guesses.first));
+  EXPECT_GT(guesses.first, 0);
+  EXPECT_GT(guesses.second, 0);
 }
 
 TEST(DFlashRuntime, LosslessOnASyntheticQwen3WithARandomDrafter) {

@@ -146,13 +146,16 @@ TEST(StrategyDFlash, AsyncDraftsTheNextBlockWhileTheTargetVerifies) {
   const LaunchRecord& v = *targets[1];
   const LaunchRecord& g = *drafts[1];
   EXPECT_TRUE(v.in_flight());
-  for (int i = 0; i < 4; ++i) {
+  // The verification carries the anchor and 2 proposals; the third is the guess.
+  ASSERT_EQ(v.batch.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(g.inputs[size_t(i)], v.run);
     EXPECT_EQ(g.batch.tokens[size_t(i)], v.batch.tokens[size_t(i)]);
     EXPECT_EQ(g.batch.pos[size_t(i)], L + i);
   }
-  EXPECT_EQ(g.batch.pos[4], L + 4);  // the guessed anchor after the block
-  EXPECT_EQ(g.batch.size(), 4u + 5u);  // and 3 proposals and one more guess
+  EXPECT_EQ(g.batch.pos[3], L + 3);  // the guessed anchor after the block
+  EXPECT_EQ(g.batch.tokens[3], greedy_continuation(kPrompt, kTarget, 4)[3]);
+  EXPECT_EQ(g.batch.size(), 3u + 4u);  // and a block of 4
   run_to_end(h);
   EXPECT_TRUE(h.errors().empty()) << h.errors().front();
   EXPECT_EQ(h.generated(), greedy_continuation(kPrompt, kTarget, 25));

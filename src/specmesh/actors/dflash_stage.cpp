@@ -219,11 +219,12 @@ void pump(DFlashStageState& st) {
       } else {
         try {
           std::vector<float> taps = gather_taps(st, *d);
-          // The cache took these positions: their runs' taps, and any that came before them
-          // (runs the strategy moved past), are moot.
-          uint64_t cut = 0;
-          for (size_t i = 0; i < d->n_new; ++i) cut = std::max(cut, st.taps.at(d->batch.inputs[i]).arrival);
-          if (d->n_new) std::erase_if(st.taps, [&](const auto& t) { return t.second.arrival <= cut; });
+          // Taps that came before this run's are moot: the strategy moved past those runs.
+          // Its own stay until a later run is taken, for a retry after this one is dropped
+          // (an async guess that failed).
+          uint64_t first = UINT64_MAX;
+          for (size_t i = 0; i < d->n_new; ++i) first = std::min(first, st.taps.at(d->batch.inputs[i]).arrival);
+          if (d->n_new) std::erase_if(st.taps, [&](const auto& t) { return t.second.arrival < first; });
           schedule_step(st, w.run, std::move(*d), std::move(taps), std::move(w.place));
         } catch (const std::exception& e) {
           report_error(st.cfg.stage, w.run, e.what());

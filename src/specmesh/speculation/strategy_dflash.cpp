@@ -78,12 +78,12 @@ class BlockDraft final : public Strategy {
 
   // The next step's draft, launched with the verification it assumes will accept the whole
   // block (async): its context rows are the block's, its anchor the drafter's own proposal
-  // for the position after the block.
+  // for the position after the block (the last one, held back from the verification).
   struct Guess {
     uint64_t run = 0;  // 0: none in flight
     int32_t anchor = -1;
     int32_t taken_before = 0;  // what the drafter held before it
-    int rows = 0, extra = 0;   // its block rows, and whether the last is a guess of its own
+    int rows = 0;              // its block rows
     bool arrived = false;
     Logits logits;
   };
@@ -105,44 +105,44 @@ class BlockDraft final : public Strategy {
   }
 
   // Launches a draft run: context rows (tokens and the target runs that computed them) from
-  // taken_ on, then the anchor at `at` and mask rows, n - 1 proposals and, with async and room
-  // after the block, one more row: the guess for the position after it.
+  // taken_ on, then the anchor at `at` and n - 1 mask rows.
   uint64_t draft(const std::vector<int32_t>& ctx, std::vector<uint64_t> inputs, int32_t anchor, int32_t at, int n) {
     // The drafter's cache holds [0, taken_); what it held past that (context rows a dropped
     // guess took, never block rows) goes, as the reference crops it.
     h_.kv_ops(kDraftRole, {{KvOpKind::remove, 0, -1, taken_, -1}});
-    const int extra = async_ && at + n < h_.n_ctx() ? 1 : 0;
     Batch b;
     for (size_t i = 0; i < ctx.size(); ++i) b.add(ctx[i], taken_ + int32_t(i), seq_bit(0), false);
     // Mask rows carry the id just past the vocabulary, no token's: the drafter embeds its mask.
-    for (int i = 0; i < n + extra; ++i) {
+    for (int i = 0; i < n; ++i) {
       b.add(i == 0 ? anchor : h_.vocab(), at + i, seq_bit(0), i > 0);
       inputs.push_back(0);
     }
     taken_ = at;
     draft_rows_ = n;
-    draft_extra_ = extra;
     return h_.launch(kDraftRole, b, true, inputs);
   }
 
-  // A draft's proposals (argmax of its rows): verify them, and with async guess the next block.
+  // A draft's proposals (argmax of its rows) go to the target. With async the last one is held
+  // back as the guess for the anchor after the verified block (the drafter's block stays the
+  // size it was trained for), and the next block's draft goes out at once on that guess.
   void proposals(uint64_t run, const Logits& l) {
     const int V = h_.vocab();
-    const int n = draft_rows_, extra = draft_extra_;
-    const std::vector<float> rows = rows_of(l, size_t(n - 1 + extra), V, run);
-    block_tokens_.assign(size_t(n), anchor_);
-    for (int i = 1; i < n; ++i) block_tokens_[size_t(i)] = Sampler::argmax(rows.data() + size_t(i - 1) * size_t(V), V);
+    const int n = draft_rows_;
+    const std::vector<float> rows = rows_of(l, size_t(n - 1), V, run);
+    std::vector<int32_t> drafted(size_t(n), anchor_);
+    for (int i = 1; i < n; ++i) drafted[size_t(i)] = Sampler::argmax(rows.data() + size_t(i - 1) * size_t(V), V);
+    const bool guess = async_ && n >= 3;
+    block_tokens_.assign(drafted.begin(), drafted.end() - (guess ? 1 : 0));
     const uint64_t v = verify();
-    if (!extra) return;
-    const int32_t next = start_ + n;
+    if (!guess) return;
+    const int32_t next = start_ + int32_t(block_tokens_.size());
     const int n_next = std::min(block_, h_.n_ctx() - next);
     if (n_next < 2) return;
     Guess g;
-    g.anchor = Sampler::argmax(rows.data() + size_t(n - 1) * size_t(V), V);
+    g.anchor = drafted.back();
     g.taken_before = taken_;
-    g.run = draft(block_tokens_, std::vector<uint64_t>(size_t(n), v), g.anchor, next, n_next);
+    g.run = draft(block_tokens_, std::vector<uint64_t>(block_tokens_.size(), v), g.anchor, next, n_next);
     g.rows = draft_rows_;
-    g.extra = draft_extra_;
     guess_ = std::move(g);
     ++h_.metrics().speculative_drafts;
   }
@@ -189,7 +189,6 @@ class BlockDraft final : public Strategy {
     ++m.speculative_drafts_used;
     awaited_ = g.run;
     draft_rows_ = g.rows;
-    draft_extra_ = g.extra;
     phase_ = Phase::draft;
     if (g.arrived) proposals(g.run, g.logits);
   }
@@ -203,7 +202,7 @@ class BlockDraft final : public Strategy {
   int32_t taken_ = 0;             // positions the drafter's cache holds once its runs are done: [0, taken_)
   int32_t start_ = 0;             // the anchor's position
   int32_t anchor_ = -1;
-  int draft_rows_ = 0, draft_extra_ = 0;  // the awaited draft's block rows and guess row
+  int draft_rows_ = 0;                  // the awaited draft's block rows
   std::vector<int32_t> block_tokens_;     // the anchor and the proposals
   Guess guess_;
 };
@@ -223,8 +222,8 @@ StrategyInfo strategy_info_dflash() {
       {"taps", ParamType::Int, 16, 32, 32,
        "bits per value of the tapped hidden states on the wire: 32 (exact) or 16 (F16, half the bytes)", {"--taps"}},
       {"async", ParamType::Bool, 0, 1, 0,
-       "draft the next block while the target verifies this one, guessing it is all accepted and that the anchor "
-       "after it is the drafter's own proposal (a wrong guess is cancelled)",
+       "draft the next block while the target verifies this one (block - 2 proposals), guessing it is all accepted "
+       "and that the anchor after it is the drafter's last proposal (a wrong guess is cancelled)",
        {"--async-draft"}},
       {"window", ParamType::Int, 0, 1 << 20, 0,
        "draft cache: a block attends to the latest this many context rows, so drafting cost stops growing with the "
