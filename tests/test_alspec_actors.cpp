@@ -22,11 +22,13 @@
 #include "specmesh/topology.hpp"
 #include "processes.hpp"
 #include "refdata.hpp"
+#include "shifting_reference.hpp"
 
 using namespace specmesh;
 using specmesh::test::refdata;
 using specmesh::test::node_options;
 using specmesh::test::child_processes;
+using specmesh::test::shifting_reference;
 
 namespace {
 
@@ -91,7 +93,7 @@ std::vector<int32_t> sequential_pair(const std::string& path, float lambda) {
 
 // Head node plus one node per group; "inproc" keeps them in this process, "ipc" spawns the
 // two groups as node processes.
-std::string topology(const std::string& model, const std::string& transport, const std::string& params) {
+std::string topology(const std::string& model, const std::string& transport, const std::string& params, int n_ctx = 0) {
   static std::atomic<int> n{0};
   const int id = n++;
   auto ep = [&](const std::string& node) {
@@ -100,7 +102,7 @@ std::string topology(const std::string& model, const std::string& transport, con
   };
   const std::string path = tmpdir() + "/alspec-" + std::to_string(id) + ".toml";
   std::ofstream f(path);
-  f << "[run]\nmodel = \"m\"\nstrategy = \"alspec\"\nn_predict = " << kPredict << "\n"
+  f << "[run]\nmodel = \"m\"\nstrategy = \"alspec\"\nn_predict = " << kPredict << "\nn_ctx = " << n_ctx << "\n"
     << "[run.params]\nwindow = " << kWindow << "\n" << params << "\n"
     << "[run.roles]\nreceiver = \"m\"\n[models.m]\npath = \"" << model << "\"\n"
     << "[nodes.head]\nendpoint = \"" << ep("head") << "\"\nhead = true\n"
@@ -143,6 +145,26 @@ TEST(AlspecActors, LambdaZeroAndForcedMissEqualPlainDecodingOverTwoProcesses) {
   SPECMESH_REQUIRE_REFDATA();
   expect_exact("ipc", "lambda = 0.0");
   expect_exact("ipc", "lambda = 10.0\nforce_miss = true");
+}
+
+// A full context shifts (llama.cpp's context shift) in both groups' caches, the receiver's
+// through the sender's group, and decoding goes on as plain decoding with the shift does.
+TEST(AlspecActors, ContextShiftGoesOnAsPlainDecodingDoes) {
+  SPECMESH_REQUIRE_REFDATA();
+  const int ctx = 48, n = 120;
+  const std::string model = refdata("gguf-models/stories260K.gguf");
+  auto m = Model::load(model);
+  for (const std::string transport : {"inproc", "ipc"}) {
+    auto rt = Runtime::open(topology(model, transport, "lambda = 0.0", ctx), opts(transport));
+    for (int n_keep : {0, 4}) {
+      GenerationResult r = rt->generate({.prompt = kPrompt, .n_predict = n, .sampling = SamplingParams{}, .ignore_eos = true,
+                                         .context_shift = true, .n_keep = n_keep});
+      ASSERT_TRUE(r.ok()) << r.error;
+      EXPECT_EQ(r.ids, shifting_reference(*m, ctx, r.prompt_ids, n, n_keep, {.attention_layout = layout()}))
+          << transport << ", n_keep " << n_keep;
+      EXPECT_GE(r.context_shifts, 2);
+    }
+  }
 }
 
 TEST(AlspecActors, AcceptedSpeculationsFollowTheSequentialPair) {

@@ -16,6 +16,7 @@
 
 #include "processes.hpp"
 #include "refdata.hpp"
+#include "shifting_reference.hpp"
 #include "specmesh/model/context.hpp"
 #include "specmesh/model/generate.hpp"
 #include "specmesh/model/sampler.hpp"
@@ -24,6 +25,7 @@
 
 using namespace specmesh;
 using specmesh::test::refdata;
+using specmesh::test::shifting_reference;
 
 namespace {
 
@@ -351,33 +353,6 @@ TEST(ContextShift, KvCacheMovesPositionsAndFreesCellsMovedBelowZero) {
   EXPECT_EQ(shared.seq_pos_max(5), 4);
 }
 
-namespace {
-
-// llama.cpp's loop with context shift over the model alone: keep n_keep tokens (and the BOS),
-// drop half of the rest when the next token would not fit, move the tail down.
-std::vector<int32_t> shifting_reference(const Model& m, int n_ctx, const std::vector<int32_t>& prompt, int n, int n_keep) {
-  Context ctx(m, {.n_ctx = n_ctx});
-  std::vector<int32_t> toks = prompt, out;
-  const int keep = n_keep + (prompt[0] == m.tokenizer().bos() ? 1 : 0);
-  auto logits = prefill(ctx, prompt, 0, 256);
-  for (;;) {
-    const int32_t t = Sampler::argmax(logits.data(), m.hparams().n_vocab);
-    out.push_back(t);
-    toks.push_back(t);
-    if (int(out.size()) == n) return out;
-    if (int(toks.size()) > n_ctx) {
-      const int cached = int(toks.size()) - 1, discard = (cached - keep) / 2;
-      ctx.kv().seq_rm(0, keep, keep + discard);
-      ctx.shift_positions(0, keep + discard, -1, -discard);
-      toks.erase(toks.begin() + keep, toks.begin() + keep + discard);
-    }
-    Batch d;
-    d.add(t, int32_t(toks.size()) - 1, seq_bit(0), true);
-    logits = ctx.forward(d).logits;
-  }
-}
-
-}  // namespace
 
 TEST(ContextShift, EveryStrategyGoesOnPastAFullContextAsLlamaCppDoes) {
   SPECMESH_REQUIRE_REFDATA();

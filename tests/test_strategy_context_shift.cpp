@@ -1,6 +1,6 @@
 // Context shift at the message level: a session whose context fills goes on as llama.cpp's
 // loop does (the first n_keep tokens stay, half of the rest go, the tail moves down in every
-// cache), with ar, chain spec and pipeinfer (chains and branches), whatever the draft proposes
+// cache), with ar, alspec, chain spec and pipeinfer (chains and branches), whatever the draft proposes
 // and whatever order results arrive in. No run ever goes past the context, and without the
 // shift the session ends where the context is full.
 #include <gtest/gtest.h>
@@ -42,6 +42,7 @@ struct Case {
 
 std::vector<Case> cases() {
   return {{"ar", {}},
+          {"alspec", {}},
           {"spec", {{"n_draft", 4}}},
           {"spec", {{"n_draft", 7}, {"p_accept", 0.1}}},
           {"pipeinfer", {{"max_runs", 4}}},
@@ -69,7 +70,7 @@ TEST(StrategyContextShift, EveryStrategyGoesOnPastAFullContextAsLlamaCppDoes) {
           FakeHost h(kPrompt, {.vocab = kVocab, .n_batch = 8, .n_predict = n, .cancel_too_late = order == 3,
                                .n_ctx = n_ctx, .context_shift = true, .n_keep = n_keep});
           h.script(kTargetRole, greedy_oracle(kVocab, kTarget));
-          if (c.strategy != "ar") h.script(kDraft, hashed_draft(0.7f, 0.3f + 0.1f * float(order), rng()));
+          if (c.strategy != "ar" && c.strategy != "alspec") h.script(kDraft, hashed_draft(0.7f, 0.3f + 0.1f * float(order), rng()));
           const FakeHost::Pick pick = order == 0   ? FakeHost::oldest_first()
                                       : order == 1 ? FakeHost::prefer(kDraft)
                                                    : FakeHost::shuffled(rng());
@@ -91,7 +92,7 @@ TEST(StrategyContextShift, WithoutTheShiftEveryStrategyStopsAtAFullContext) {
     SCOPED_TRACE(name(c));
     FakeHost h(kPrompt, {.vocab = kVocab, .n_predict = 100, .n_ctx = n_ctx});
     h.script(kTargetRole, greedy_oracle(kVocab, kTarget));
-    if (c.strategy != "ar") h.script(kDraft, hashed_draft(0.9f, 0.9f, 3));
+    if (c.strategy != "ar" && c.strategy != "alspec") h.script(kDraft, hashed_draft(0.9f, 0.9f, 3));
     h.start(c.strategy, c.params);
     h.run_to_end(FakeHost::oldest_first());
     ASSERT_TRUE(h.errors().empty()) << h.errors().front();

@@ -39,6 +39,8 @@ class AttentionLevel final : public Strategy {
     for (size_t l = 0; l < hits.size(); ++l) m.layer_hit_rates[l] = double(layer_hits_[l]) / double(tokens_);
   }
   void on_logits(uint64_t run, const Logits& l) override { loop_.on_logits(run, l); }
+  // The shift reaches the receiver's cache through the sender's group, in order with the runs.
+  bool context_shifted(int n_keep, int n_discard) override { return loop_.context_shifted(n_keep, n_discard); }
 
  private:
   StrategyHost& h_;
