@@ -362,13 +362,15 @@ TEST(ContextShift, EveryStrategyGoesOnPastAFullContextAsLlamaCppDoes) {
   const std::string prompt = "Once upon a time, there was a little girl";
   auto m = Model::load(refdata(kTarget));
   const auto prompt_ids = m->tokenizer().encode_prompt(prompt, false);
-  for (const char* strategy : {"ar", "spec", "pipeinfer"})
+  for (const char* strategy : {"ar", "spec", "pipeinfer", "spec-tree"})
   for (int n_keep : {0, 4}) {
     const auto want = shifting_reference(*m, ctx, prompt_ids, n, n_keep);
     // Beside it, a plain session that must not notice.
     auto other = rt.submit({.prompt = "The little dog", .n_predict = 30, .ignore_eos = true, .strategy = "ar"});
-    GenerationRequest req{.prompt = prompt, .n_predict = n, .ignore_eos = true, .strategy = strategy,
+    const bool tree = std::string(strategy) == "spec-tree";
+    GenerationRequest req{.prompt = prompt, .n_predict = n, .ignore_eos = true, .strategy = tree ? "spec" : strategy,
                           .context_shift = true, .n_keep = n_keep};
+    if (tree) req.params = {{"tree", "3,2,1"}, {"p_accept", "0.05"}};
     GenerationResult r = rt.generate(req);
     ASSERT_TRUE(r.ok()) << strategy << ": " << r.error;
     EXPECT_EQ(r.ids, want) << strategy << ", n_keep " << n_keep << ", first difference at token "

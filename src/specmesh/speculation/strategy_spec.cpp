@@ -132,6 +132,14 @@ class TreeSpeculative final : public Strategy {
 
   void start() override { draft(); }
 
+  // A shift comes from the last accept() of a verification (the tree is never deeper than the
+  // context has room for), after every cache dropped the tree's branches.
+  bool context_shifted(int n_keep, int n_discard) override {
+    shift_cached(target_cached_, n_keep, n_discard);
+    for (TreeDrafter& d : drafters_) d.context_shifted(n_keep, n_discard);
+    return true;
+  }
+
   void on_logits(uint64_t run, const Logits& l) override {
     if (l.pipeline == kTargetRole) {
       if (run == awaited_) on_verify(run, l);
@@ -144,9 +152,12 @@ class TreeSpeculative final : public Strategy {
   }
 
  private:
+  // The tree hangs below the newest accepted token, its node at depth d at position
+  // tokens().size() + d: it may be as deep as the context has room for.
   void draft() {
     drafting_ = true;
-    for (TreeDrafter& d : drafters_) d.start();
+    const size_t room = size_t(std::max(0, h_.n_ctx() - int(h_.tokens().size())));
+    for (TreeDrafter& d : drafters_) d.start(room);
   }
 
   void verify() {

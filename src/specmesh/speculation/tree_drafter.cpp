@@ -17,7 +17,8 @@ TreeDrafter::TreeDrafter(StrategyHost& host, std::string role, int draft_id, std
       max_nodes_(size_t(std::max(1, max_nodes))),
       p_accept_(p_accept) {}
 
-void TreeDrafter::start() {
+void TreeDrafter::start(size_t max_depth) {
+  depth_ = std::min(widths_.size(), max_depth);
   tree_ = TokenTree{};
   seq_of_.clear();
   frontier_.clear();
@@ -44,7 +45,7 @@ void TreeDrafter::expand(const std::vector<int32_t>& parents, const std::vector<
     const int32_t u = parents[k];
     const float* row = rows.data() + k * size_t(V);
     const size_t depth = u < 0 ? 0 : size_t(tree_.node(size_t(u)).depth) + 1;
-    if (depth >= widths_.size() || top_probability(row, V) < p_accept_) continue;
+    if (depth >= depth_ || top_probability(row, V) < p_accept_) continue;
     const size_t room = max_nodes_ > tree_.size() ? max_nodes_ - tree_.size() : 0;
     const size_t want = std::min(size_t(widths_[depth]), room);
 
@@ -82,7 +83,7 @@ void TreeDrafter::expand(const std::vector<int32_t>& parents, const std::vector<
       const int32_t id = tree_.add(u, picks[j], {draft_id_, q ? draft_id_ : -1, q, int(j)});
       seq_of_.resize(tree_.size(), 0);
       seq_of_[size_t(id)] = seq;
-      if (depth + 1 < widths_.size()) next.push_back(id);
+      if (depth + 1 < depth_) next.push_back(id);
     }
   }
   if (!ops.empty()) h_.kv_ops(role_, std::move(ops));

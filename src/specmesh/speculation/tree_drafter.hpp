@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "specmesh/speculation/pipeline_ops.hpp"
 #include "specmesh/speculation/strategy.hpp"
 #include "specmesh/speculation/token_tree.hpp"
 
@@ -26,8 +27,9 @@ class TreeDrafter {
   TreeDrafter(StrategyHost& host, std::string role, int draft_id, std::vector<int> widths, int max_nodes,
               float p_accept);
 
-  // Starts a tree after the host's accepted tokens.
-  void start();
+  // Starts a tree after the host's accepted tokens, at most max_depth levels deep (fewer than
+  // the shape near the end of the context).
+  void start(size_t max_depth);
   // Feeds a draft run's logits; true when they were this drafter's (the tree may then be done).
   bool on_logits(uint64_t run, const Logits& l);
   bool done() const { return awaited_ == 0; }
@@ -37,18 +39,22 @@ class TreeDrafter {
   // After verification: `accepted` are the tokens that followed the context. The cells of the
   // accepted nodes this drafter fed join sequence 0; every branch sequence is released.
   void commit(const std::vector<int32_t>& accepted);
+  // Follows a context shift (Strategy::context_shifted) in the draft's sequence 0; between
+  // trees (after commit), when the draft's cache holds no branch.
+  void context_shifted(int n_keep, int n_discard) { shift_cached(cached_, n_keep, n_discard); }
 
  private:
   void expand(const std::vector<int32_t>& nodes, const std::vector<float>& rows);
   int new_seq();
   // Whether a node's cell is in the draft's cache: every node that has a level below it was
   // fed to draft that level.
-  bool fed(int32_t node) const { return size_t(tree_.node(size_t(node)).depth) + 1 < widths_.size(); }
+  bool fed(int32_t node) const { return size_t(tree_.node(size_t(node)).depth) + 1 < depth_; }
 
   StrategyHost& h_;
   std::string role_;
   int draft_id_;
   std::vector<int> widths_;
+  size_t depth_ = 0;                 // levels of the tree being grown (at most widths_.size())
   size_t max_nodes_;
   float p_accept_;
   std::vector<int32_t> cached_;      // sequence 0 of the draft's cache
