@@ -35,8 +35,11 @@ const std::string kPrompt = "Once upon a time";
 using Run = test::ShellRun;
 using test::shell;
 
-// The model every example names (relative to examples/, as ../../shared/refdata/...).
+// The model every example names (relative to examples/, as ../../shared/refdata/...), but the
+// DFlash one, whose drafter was trained for stories-target-1M.
 std::string refdata_path() { return specmesh::test::refdata("gguf-models/stories260K.gguf"); }
+const std::string kDFlashExample = "dflash-stages.toml";
+std::string dflash_target_path() { return specmesh::test::refdata("gguf-models/stories-target-1M.gguf"); }
 
 std::string cli(const std::string& args) { return std::string(SPECMESH_CLI_PATH) + " " + args; }
 
@@ -75,7 +78,8 @@ TEST(Examples, EveryTopologyParsesAndItsLayersResolve) {
                                                {"pipeline-3stage-tcp.toml", 4},
                                                {"pipeline-3stage-standby.toml", 5},
                                                {"emulated-cluster.toml", 4},
-                                               {"alspec-pair.toml", 3}};
+                                               {"alspec-pair.toml", 3},
+                                               {kDFlashExample, 3}};
   std::set<std::string> found;
   for (const auto& e : fs::directory_iterator(kExamples))
     if (e.path().extension() == ".toml") found.insert(e.path().filename().string());
@@ -86,7 +90,7 @@ TEST(Examples, EveryTopologyParsesAndItsLayersResolve) {
     Topology t = Topology::load(kExamples + name);
     const ModelSpec& m = t.models.at(t.run.model);
     ASSERT_TRUE(fs::exists(m.path)) << m.path;
-    EXPECT_EQ(fs::canonical(m.path), fs::canonical(refdata_path()));
+    EXPECT_EQ(fs::canonical(m.path), fs::canonical(name == kDFlashExample ? dflash_target_path() : refdata_path()));
     const int n_layer = Model::load(m.path, m.tokenizer)->hparams().n_layer;
     t.resolve_layers("target", n_layer);
     int next = 0;
@@ -153,6 +157,22 @@ TEST(Examples, EveryTopologyGeneratesTheTokensOfGenerate) {
     ASSERT_TRUE(got.is_object()) << r.out;
     EXPECT_EQ(got["prompt_ids"], want["prompt_ids"]);
     EXPECT_EQ(got["ids"], want["ids"]);
+  }
+}
+
+// The DFlash example: the target over two stage processes, the drafter on the head node.
+TEST(Examples, DFlashTopologyGeneratesTheTokensOfGenerate) {
+  SPECMESH_REQUIRE_REFDATA();
+  auto want = shell(cli("generate -m " + dflash_target_path() + " -p '" + kPrompt + "' -n 48 --temp 0 --json"));
+  ASSERT_EQ(want.status, 0) << want.out;
+  for (const std::string params : {"", " --param async=true"}) {
+    auto r = shell(cli("run " + kExamples + kDFlashExample + " --spawn -p '" + kPrompt + "' -n 48 --json" + params));
+    ASSERT_EQ(r.status, 0) << r.out;
+    const nlohmann::json got = test::last_json(r.out);
+    ASSERT_TRUE(got.is_object()) << r.out;
+    EXPECT_EQ(got["ids"], nlohmann::json::parse(want.out)["ids"]) << params;
+    EXPECT_EQ(got["stats"]["strategy"], "dflash");
+    EXPECT_GT(got["stats"]["tokens_per_verification"].get<double>(), 1.5) << params;
   }
 }
 

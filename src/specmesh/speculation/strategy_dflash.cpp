@@ -198,12 +198,12 @@ class BlockDraft final : public Strategy {
   const bool async_;
   Phase phase_ = Phase::prefill;
   uint64_t awaited_ = 0;
-  std::vector<uint64_t> source_;  // per position, the target run whose taps hold it
-  int32_t taken_ = 0;             // positions the drafter's cache holds once its runs are done: [0, taken_)
-  int32_t start_ = 0;             // the anchor's position
+  std::vector<uint64_t> source_;       // per position, the target run whose taps hold it
+  int32_t taken_ = 0;                  // the drafter's cache holds [0, taken_) once its runs are done
+  int32_t start_ = 0;                  // the anchor's position
   int32_t anchor_ = -1;
-  int draft_rows_ = 0;                  // the awaited draft's block rows
-  std::vector<int32_t> block_tokens_;     // the anchor and the proposals
+  int draft_rows_ = 0;                 // the awaited draft's block rows
+  std::vector<int32_t> block_tokens_;  // the anchor and the proposals
   Guess guess_;
 };
 
