@@ -358,8 +358,12 @@ void Server::Impl::routes() {
               ApiError(res.status, "invalid_request_error", res.status == 404 ? "not_found" : "bad_request", what).body());
     return httplib::Server::HandlerResponse::Handled;
   }));
-  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+  // Counted before the response is written (the logger runs after it: a client that read the
+  // answer could look at /metrics before it was counted).
+  http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     shared.metrics.count_request(route_label(req.path), res.status);
+  });
+  http.set_logger([](const httplib::Request& req, const httplib::Response& res) {
     spdlog::info("serve: {} {} {}", req.method, req.path, res.status);
   });
   http.set_payload_max_length(16u << 20);
