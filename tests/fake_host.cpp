@@ -102,26 +102,27 @@ std::vector<Event> FakeHost::events(EventKind kind, const std::string& role) con
 }
 
 
-uint64_t FakeHost::launch(const std::string& role, const Batch& batch, bool speculative, const std::vector<uint64_t>& inputs) {
+uint64_t FakeHost::launch(const std::string& role, const Batch& batch, bool speculative, const std::vector<TapRow>& inputs) {
   const uint64_t run = next_run_++;
   if (!inputs.empty() && inputs.size() != batch.size()) error(role + " run " + std::to_string(run) + ": inputs for some rows only");
   for (size_t i = 0; i < inputs.size() && i < batch.size(); ++i) {
-    if (!inputs[i]) continue;
+    if (!inputs[i].run) continue;
     const int32_t pos = batch.pos[i];
     const LaunchRecord* src = nullptr;
     for (const LaunchRecord& l : launches_)
-      if (l.run == inputs[i]) src = &l;
-    const std::string what = role + " run " + std::to_string(run) + " row " + std::to_string(i) + " takes run " +
-                             std::to_string(inputs[i]) + "'s hidden states at position " + std::to_string(pos);
+      if (l.run == inputs[i].run) src = &l;
+    const std::string what = role + " run " + std::to_string(run) + " row " + std::to_string(i) + " (position " +
+                             std::to_string(pos) + ") takes row " + std::to_string(inputs[i].row) + " of run " +
+                             std::to_string(inputs[i].run);
     if (!src || src->role != kTargetRole || src->cancelled) {
       error(what + ", which is no target run going on");
       continue;
     }
     // Positions not accepted yet are a guess (the strategy cancels the run if it fails).
-    auto at = std::find(src->batch.pos.begin(), src->batch.pos.end(), pos);
-    if (at == src->batch.pos.end()) error(what + ", which it did not compute");
-    else if (size_t(pos) < tokens_.size() && src->batch.tokens[size_t(at - src->batch.pos.begin())] != tokens_[size_t(pos)])
-      error(what + ", where it had a token the sequence does not have");
+    const int32_t row = inputs[i].row;
+    if (row < 0 || size_t(row) >= src->batch.size()) error(what + ", which it does not have");
+    else if (size_t(pos) < tokens_.size() && src->batch.tokens[size_t(row)] != tokens_[size_t(pos)])
+      error(what + ", which holds a token the sequence does not have there");
   }
   for (int32_t pos : batch.pos)
     if (pos >= opt_.n_ctx)

@@ -49,7 +49,7 @@ struct LaunchRecord {
   std::string role;
   Batch batch;
   bool speculative = false;
-  std::vector<uint64_t> inputs;  // per row, the run whose hidden states it takes (launch's inputs)
+  std::vector<TapRow> inputs;  // per row, the tapped row it takes as input (launch's inputs)
   bool cancelled = false;  // host.cancel named it
   bool processed = false;  // the stage ran it (cells placed, logits computed)
   bool delivered = false;  // its logits reached the strategy
@@ -133,7 +133,7 @@ class FakeHost final : public StrategyHost {
   // A row with an input must name a target run (not cancelled) that computes its position,
   // with the token the canonical sequence has there once it has one (the hidden states it
   // takes are the right ones; beyond the accepted tokens they are a guess).
-  uint64_t launch(const std::string& role, const Batch& batch, bool speculative, const std::vector<uint64_t>& inputs) override;
+  uint64_t launch(const std::string& role, const Batch& batch, bool speculative, const std::vector<TapRow>& inputs) override;
   void kv_ops(const std::string& role, std::vector<KvOp> ops) override;
   void cancel(const std::string& role, const std::vector<uint64_t>& runs) override;
   bool accept(int32_t token) override;

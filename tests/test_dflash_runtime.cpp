@@ -11,11 +11,13 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <tuple>
 
 #include "chi_square.hpp"
 #include "private_dir.hpp"
 #include "processes.hpp"
 #include "refdata.hpp"
+#include "shifting_reference.hpp"
 #include "specmesh/model/context.hpp"
 #include "specmesh/model/dflash_synthetic.hpp"
 #include "specmesh/model/generate.hpp"
@@ -135,6 +137,37 @@ TEST(DFlashRuntime, LosslessOnASyntheticQwen3WithARandomDrafter) {
   write_random_dflash_drafter(c, drafter, 11);
   expect_lossless(target, drafter, 1, "inproc", "", {"hello world", "a b c"}, 32);
   expect_lossless(target, drafter, 2, "ipc", "block = 3", {"hello world"}, 32);
+}
+
+// A full context shifts in the target's stages and in the drafter's cache (its keys re-rotated,
+// its taps taken by row, not position), and decoding goes on as llama.cpp's loop does.
+TEST(DFlashRuntime, ContextShiftGoesOnAsPlainDecodingDoes) {
+  SPECMESH_REQUIRE_REFDATA();
+  ScopedTempDir dir("dflash-shift");
+  std::filesystem::permissions(dir.path, std::filesystem::perms::owner_all);
+  const int ctx = 64, n = 150;
+  auto m = Model::load(stories_target());
+  for (const auto& [stages, transport, params] :
+       std::vector<std::tuple<int, std::string, std::string>>{{1, "inproc", ""}, {1, "inproc", "async = 1\nwindow = 16"},
+                                                              {3, "ipc", "async = 1"}}) {
+    std::string path = topology(dir.path, stories_target(), kTrained, stages, transport, params, n);
+    {
+      std::ifstream in(path);
+      std::string text((std::istreambuf_iterator<char>(in)), {});
+      text.replace(text.find("[run]\n"), 6, "[run]\nn_ctx = " + std::to_string(ctx) + "\n");
+      std::ofstream(path) << text;
+    }
+    auto rt = Runtime::open(path, node_options(transport != "inproc"));
+    for (int n_keep : {0, 4}) {
+      GenerationResult r = rt->generate({.prompt = kPrompts[1], .n_predict = n, .sampling = SamplerParams{.temperature = 0},
+                                         .ignore_eos = true, .context_shift = true, .n_keep = n_keep});
+      ASSERT_TRUE(r.ok()) << r.error;
+      EXPECT_EQ(r.ids, shifting_reference(*m, ctx, r.prompt_ids, n, n_keep))
+          << stages << " stages (" << transport << ", " << params << "), n_keep " << n_keep;
+      EXPECT_GE(r.context_shifts, 2);
+      EXPECT_GT(r.metrics.tokens_per_verification(), 1.5);  // the drafter still drafts well after the shifts
+    }
+  }
 }
 
 // At temperature 1 dflash draws each token from the target's row in plain decoding's order, so

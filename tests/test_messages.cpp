@@ -47,7 +47,7 @@ Tensor iota_tensor(std::vector<int64_t> shape) {
 std::vector<Envelope> samples() {
   std::vector<Envelope> out;
   out.push_back(make_envelope(7, RunStart{"target", {1, 2, 3}, {0, 1, 2}, {1, 1, 2}, {1, 0, 1}, {-1, 0, 1}, true}));
-  out.push_back(make_envelope(7, RunStart{"draft", {1, 2, -1}, {0, 1, 2}, {1, 1, 1}, {0, 1, 1}, {}, true, {9, 9, 0}}));
+  out.push_back(make_envelope(7, RunStart{"draft", {1, 2, -1}, {0, 1, 2}, {1, 1, 1}, {0, 1, 1}, {}, true, {9, 9, 0}, {3, 4, 0}}));
   out.push_back(make_envelope(8, Activations{"target", 12, {}, {iota_tensor({3, 16}), iota_tensor({3, 2})}}));
   out.push_back(make_envelope(9, Logits{"target", {0, 2}, iota_tensor({2, 32})}));
   out.push_back(make_envelope(10, KvCacheOp{"target", 2, {{KvOpKind::copy, 0, 3, 0, 17}, {KvOpKind::remove, 1, -1, 5, -1},

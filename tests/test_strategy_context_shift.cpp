@@ -1,6 +1,6 @@
 // Context shift at the message level: a session whose context fills goes on as llama.cpp's
 // loop does (the first n_keep tokens stay, half of the rest go, the tail moves down in every
-// cache), with ar, alspec, spec (chains and trees) and pipeinfer (chains and branches), whatever the draft proposes
+// cache), with ar, alspec, spec (chains and trees), dflash and pipeinfer (chains and branches), whatever the draft proposes
 // and whatever order results arrive in. No run ever goes past the context, and without the
 // shift the session ends where the context is full.
 #include <gtest/gtest.h>
@@ -46,6 +46,8 @@ std::vector<Case> cases() {
           {"spec", {{"n_draft", 4}}},
           {"spec", {{"n_draft", 7}, {"p_accept", 0.1}}},
           {"spec", {{"tree", ParamValue(std::vector<int>{3, 2, 1})}, {"p_accept", 0.05}}},
+          {"dflash", {{"block", 4}}},
+          {"dflash", {{"block", 5}, {"async", 1}}},
           {"pipeinfer", {{"max_runs", 4}}},
           {"pipeinfer", {{"max_runs", 6}, {"max_micro_batch", 3}, {"n_parallel", 3}, {"p_split", 0.05}}}};
 }

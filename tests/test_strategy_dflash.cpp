@@ -74,12 +74,12 @@ TEST(StrategyDFlash, DraftRunsCarryTheTargetsTapsThenTheBlock) {
   ASSERT_EQ(d0.batch.size(), size_t(L + block));
   for (int p = 0; p < L; ++p) {
     EXPECT_EQ(d0.batch.pos[size_t(p)], p);
-    EXPECT_EQ(d0.inputs[size_t(p)], targets[size_t(p / 2)]->run) << "position " << p;
+    EXPECT_EQ(d0.inputs[size_t(p)], (TapRow{targets[size_t(p / 2)]->run, p % 2})) << "position " << p;
     EXPECT_FALSE(d0.batch.logits[size_t(p)]);
   }
   EXPECT_EQ(d0.batch.tokens[size_t(L)], h.generated()[0]);
   for (int i = 0; i < block; ++i) {
-    EXPECT_EQ(d0.inputs[size_t(L + i)], 0u);
+    EXPECT_EQ(d0.inputs[size_t(L + i)].run, 0u);
     EXPECT_EQ(bool(d0.batch.logits[size_t(L + i)]), i > 0);
     if (i > 0) EXPECT_EQ(d0.batch.tokens[size_t(L + i)], kMask);
   }
@@ -90,9 +90,9 @@ TEST(StrategyDFlash, DraftRunsCarryTheTargetsTapsThenTheBlock) {
   const LaunchRecord& d1 = *drafts[1];
   ASSERT_GE(d1.batch.size(), 2u + size_t(block));
   EXPECT_EQ(d1.batch.pos[0], L);
-  EXPECT_EQ(d1.inputs[0], v0.run);
-  EXPECT_EQ(d1.inputs[1], v0.run);
-  EXPECT_EQ(d1.inputs[2], 0u);
+  EXPECT_EQ(d1.inputs[0], (TapRow{v0.run, 0}));
+  EXPECT_EQ(d1.inputs[1], (TapRow{v0.run, 1}));
+  EXPECT_EQ(d1.inputs[2].run, 0u);
   EXPECT_GE(h.metrics().accepted_hist[1], 1);
   // Each step crops the target's cache after the kept tokens and the drafter's at what it has
   // taken (its block rows are not context).
@@ -149,7 +149,7 @@ TEST(StrategyDFlash, AsyncDraftsTheNextBlockWhileTheTargetVerifies) {
   // The verification carries the anchor and 2 proposals; the third is the guess.
   ASSERT_EQ(v.batch.size(), 3u);
   for (int i = 0; i < 3; ++i) {
-    EXPECT_EQ(g.inputs[size_t(i)], v.run);
+    EXPECT_EQ(g.inputs[size_t(i)], (TapRow{v.run, i}));
     EXPECT_EQ(g.batch.tokens[size_t(i)], v.batch.tokens[size_t(i)]);
     EXPECT_EQ(g.batch.pos[size_t(i)], L + i);
   }

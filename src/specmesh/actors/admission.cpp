@@ -65,7 +65,8 @@ int RunAdmission::in_flight() const {
 std::string run_problem(const RunStart& r, int n_cells) {
   const size_t n = r.tokens.size();
   if (r.positions.size() != n || r.seq_masks.size() != n || (!r.logits.empty() && r.logits.size() != n) ||
-      (!r.parents.empty() && r.parents.size() != n) || (!r.inputs.empty() && r.inputs.size() != n))
+      (!r.parents.empty() && r.parents.size() != n) || (!r.inputs.empty() && r.inputs.size() != n) ||
+      r.input_rows.size() != r.inputs.size())
     return "run batch fields have different lengths";
   if (n == 0) return "run without tokens";
   if (n > size_t(n_cells))

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <variant>
 
@@ -107,18 +108,18 @@ std::vector<float> gather_taps(const DFlashStageState& st, const DraftRun& d) {
   const size_t H = size_t(st.cfg.drafter->config().hidden_size), T = layers.size();
   std::vector<float> out(d.n_new * T * H);
   for (size_t i = 0; i < d.n_new; ++i) {
-    const int32_t pos = d.batch.positions[i];
+    const int32_t row_of_run = d.batch.input_rows[i];
     for (size_t j = 0; j < T; ++j) {
       const HiddenStates& h = st.taps.at(d.batch.inputs[i]).layers.at(layers[j]);
       if (h.states.shape.size() != 2 || size_t(h.states.shape[1]) != H)
         throw std::invalid_argument("hidden states of layer " + std::to_string(h.layer) + " have " +
                                     std::to_string(h.states.shape.size() == 2 ? h.states.shape[1] : 0) +
                                     " values a row, the drafter's hidden size is " + std::to_string(H));
-      auto row = std::find(h.positions.begin(), h.positions.end(), pos);
-      if (row == h.positions.end())
-        throw std::invalid_argument("target run " + std::to_string(d.batch.inputs[i]) + " did not compute position " +
-                                    std::to_string(pos));
-      const size_t k = size_t(row - h.positions.begin());
+      auto row = std::find(h.rows.begin(), h.rows.end(), row_of_run);
+      if (row == h.rows.end())
+        throw std::invalid_argument("target run " + std::to_string(d.batch.inputs[i]) + " has no tapped row " +
+                                    std::to_string(row_of_run));
+      const size_t k = size_t(row - h.rows.begin());
       float* dst = out.data() + (i * T + j) * H;
       if (h.states.dtype == WireDType::f16) {
         std::vector<uint16_t> half(H);  // received frames need not be aligned
@@ -179,25 +180,38 @@ void schedule_step(DFlashStageState& st, uint64_t run, DraftRun d, std::vector<f
   caf::anon_send(st.cfg.stage.device, compute_atom::value, std::move(job));
 }
 
-// A crop (remove to the end of a sequence, or of every one) is all a context-only cache can
-// do; emptying it is the same crop from 0.
+// A context-only cache takes a crop (remove to the end of a sequence, or of every one; emptying
+// it is a crop from 0) and a context shift (context_shift_ops: a remove of [k, k + d) followed
+// by a shift of the rest by -d). Anything else is refused.
 void schedule_kv_ops(DFlashStageState& st, uint64_t run, KvCacheOp ops, RunAdmission::PlacePtr place) {
   auto job = std::make_shared<DeviceJob>();
   job->run = [caches = st.caches, cfg = st.cfg, run, ops = std::move(ops), place = std::move(place)](ThreadPool&) -> WorkCost {
     try {
-      for (const KvOp& op : ops.ops) {
+      const std::vector<KvOp>& o = ops.ops;
+      auto each = [&](int32_t seq, const std::function<void(DFlashState&)>& f) {
+        for (auto& [s, cache] : caches->seqs)
+          if (seq < 0 || seq == s) f(*cache);
+      };
+      for (size_t i = 0; i < o.size(); ++i) {
+        const KvOp& op = o[i];
         if (op.kind == KvOpKind::unview) continue;  // it never has views
-        if (op.kind != KvOpKind::remove)
-          throw std::invalid_argument("the DFlash draft cache holds context rows only and can only be cropped (remove "
-                                      "to the end), not take this operation");
-        for (auto& [seq, cache] : caches->seqs) {
-          if (op.seq >= 0 && op.seq != seq) continue;
-          const size_t from = size_t(std::max(0, op.pos_begin));
-          if (op.pos_end >= 0 && size_t(op.pos_end) < cache->n_ctx() && from < size_t(op.pos_end))
-            throw std::invalid_argument("the DFlash draft cache can be cropped, not have positions [" + std::to_string(from) +
-                                        ", " + std::to_string(op.pos_end) + ") cut out of sequence " + std::to_string(seq));
-          if (from < cache->n_ctx()) cache->crop(from);
+        if (op.kind == KvOpKind::remove && op.pos_begin >= 0 && op.pos_end > op.pos_begin && i + 1 < o.size() &&
+            o[i + 1].kind == KvOpKind::shift && o[i + 1].seq == op.seq && o[i + 1].pos_begin == op.pos_end &&
+            o[i + 1].pos_end < 0 && o[i + 1].delta == op.pos_begin - op.pos_end) {
+          each(op.seq, [&](DFlashState& c) { c.shift(size_t(op.pos_begin), size_t(op.pos_end - op.pos_begin)); });
+          ++i;
+          continue;
         }
+        if (op.kind != KvOpKind::remove)
+          throw std::invalid_argument("the DFlash draft cache holds context rows only: it takes crops and context shifts, "
+                                      "not this operation");
+        const size_t from = size_t(std::max(0, op.pos_begin));
+        each(op.seq, [&](DFlashState& c) {
+          if (op.pos_end >= 0 && size_t(op.pos_end) < c.n_ctx() && from < size_t(op.pos_end))
+            throw std::invalid_argument("the DFlash draft cache can be cropped, not have positions [" + std::to_string(from) +
+                                        ", " + std::to_string(op.pos_end) + ") cut out");
+          if (from < c.n_ctx()) c.crop(from);
+        });
       }
     } catch (const std::exception& e) {
       report_error(cfg.stage, run, std::string("KV-cache operation failed: ") + e.what());

@@ -2,8 +2,9 @@
 // own, conditioned on hidden states the target's stages tap and send it.
 //
 // It takes, from the head, a draft run whose batch is
-//   context rows  positions n .. s-1, each with inputs[i] = the target run that computed that
-//                 position (its taps are the row's input; the token is not read)
+//   context rows  positions n .. s-1, each naming the target run and the row of its batch that
+//                 computed that position (inputs, input_rows: those taps are the row's input;
+//                 the token is not read)
 //   block rows    positions s .. s+B-1 with inputs[i] = 0: the anchor token, then B-1 mask
 //                 rows (their tokens are not read: the drafter's mask embedding stands in)
 // where n is what its draft cache holds for that sequence; it appends the context rows to the

@@ -90,7 +90,7 @@ std::vector<KvOp> HeadHost::translate(std::vector<KvOp> ops) const {
   return out;
 }
 
-uint64_t HeadHost::launch(const std::string& role, const Batch& batch, bool speculative, const std::vector<uint64_t>& inputs) {
+uint64_t HeadHost::launch(const std::string& role, const Batch& batch, bool speculative, const std::vector<TapRow>& inputs) {
   const PipelineRef& p = pipeline(role);
   if (deadlines_.outstanding() >= cfg_.max_runs_in_flight)
     throw std::runtime_error("the session has " + std::to_string(deadlines_.outstanding()) +
@@ -106,7 +106,10 @@ uint64_t HeadHost::launch(const std::string& role, const Batch& batch, bool spec
     merger_->add(this, run, std::move(b));
   } else {
     RunStart start = to_run_start(p.role, b, speculative);
-    start.inputs = inputs;
+    for (const TapRow& t : inputs) {
+      start.inputs.push_back(t.run);
+      start.input_rows.push_back(t.row);
+    }
     if (!cfg_.router->send(p.first_node, make_envelope(run, std::move(start))))
       throw std::runtime_error("node '" + p.first_node + "' of pipeline '" + p.role + "' is not reachable");
     runs_.insert(run);

@@ -40,7 +40,7 @@ class HeadHost final : public StrategyHost {
 
   // Throws ContextFull for a token at a position past the session's context.
   using StrategyHost::launch;
-  uint64_t launch(const std::string& role, const Batch& batch, bool speculative, const std::vector<uint64_t>& inputs) override;
+  uint64_t launch(const std::string& role, const Batch& batch, bool speculative, const std::vector<TapRow>& inputs) override;
   void kv_ops(const std::string& role, std::vector<KvOp> ops) override;
   void cancel(const std::string& role, const std::vector<uint64_t>& runs) override;
   // Streams the token; when the session's context is then full, shifts it (the request's

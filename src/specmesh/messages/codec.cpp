@@ -108,7 +108,7 @@ struct Encoder {
   }
 
   void operator()(const RunStart& m) {
-    pk.pack_array(8);
+    pk.pack_array(9);
     pk.pack(m.pipeline);
     ints(m.tokens);
     ints(m.positions);
@@ -120,6 +120,7 @@ struct Encoder {
     if (m.speculative) pk.pack_true(); else pk.pack_false();
     pk.pack_array(static_cast<uint32_t>(m.inputs.size()));
     for (auto x : m.inputs) pk.pack_uint64(x);
+    ints(m.input_rows);
   }
   void operator()(const Activations& m) {
     pk.pack_array(4);
@@ -300,7 +301,7 @@ struct Decoder {
   }
 
   RunStart run_start(const msgpack::object& o) {
-    const auto& a = array(o, 8, "run_start");
+    const auto& a = array(o, 9, "run_start");
     RunStart m;
     m.pipeline = str(a.ptr[0], "pipeline");
     m.tokens = ints(a.ptr[1], "tokens");
@@ -316,10 +317,13 @@ struct Decoder {
     const auto& inputs = array(a.ptr[7], UINT32_MAX, "inputs");
     m.inputs.reserve(inputs.size);
     for (uint32_t i = 0; i < inputs.size; ++i) m.inputs.push_back(u64(inputs.ptr[i], "input run"));
+    m.input_rows = ints(a.ptr[8], "input rows");
     const size_t n = m.tokens.size();
     if (m.positions.size() != n || m.seq_masks.size() != n || (!m.logits.empty() && m.logits.size() != n) ||
-        (!m.parents.empty() && m.parents.size() != n) || (!m.inputs.empty() && m.inputs.size() != n))
-      fail(DecodeError::malformed, "run_start: tokens, positions, seq_masks, logits, parents and inputs differ in length");
+        (!m.parents.empty() && m.parents.size() != n) || m.inputs.size() != m.input_rows.size() ||
+        (!m.inputs.empty() && m.inputs.size() != n))
+      fail(DecodeError::malformed, "run_start: tokens, positions, seq_masks, logits, parents, inputs and input rows differ in "
+                                   "length");
     return m;
   }
 

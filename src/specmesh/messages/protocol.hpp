@@ -149,8 +149,9 @@ struct Tensor {
 // logits[i] != 0 asks for that token's logits (empty: all); parents, when not empty, makes
 // the batch a token tree (parents[i] = batch index of i's parent, -1 = the cached context).
 // inputs, when not empty, names per token the run whose tapped hidden states (HiddenStates,
-// StageConfig::tap_layers) are its input (0: none): a drafter conditioned on another
-// pipeline's layers takes them for its context rows.
+// StageConfig::tap_layers) are its input (0: none), and input_rows the row of that run's batch:
+// a drafter conditioned on another pipeline's layers takes them for its context rows (by row,
+// not position: a context shift moves positions, not rows).
 struct RunStart {
   std::string pipeline;  // which model's pipeline the run is for
   std::vector<int32_t> tokens;
@@ -160,6 +161,7 @@ struct RunStart {
   std::vector<int32_t> parents;
   bool speculative = false;
   std::vector<uint64_t> inputs;
+  std::vector<int32_t> input_rows;
   friend bool operator==(const RunStart&, const RunStart&) = default;
 };
 

@@ -183,6 +183,22 @@ void DFlashState::crop(size_t n) {
   }
 }
 
+void DFlashState::shift(size_t n_keep, size_t n_discard) {
+  const DFlashConfig& c = d_.config();
+  const size_t KV = size_t(c.kv_dim()), end = n_keep + n_discard;
+  const auto moved = [&](size_t p) { return p <= n_keep ? p : std::max(n_keep, p - std::min(p, n_discard)); };
+  // Rows (indices from first_) that go, and those that move.
+  const size_t gone_begin = std::clamp(n_keep, first_, n_ctx_) - first_, gone_end = std::clamp(end, first_, n_ctx_) - first_;
+  for (size_t il = 0; il < k_.size(); ++il) {
+    k_[il].erase(k_[il].begin() + long(gone_begin * KV), k_[il].begin() + long(gone_end * KV));
+    v_[il].erase(v_[il].begin() + long(gone_begin * KV), v_[il].begin() + long(gone_end * KV));
+    for (size_t r = gone_begin; r * KV < k_[il].size(); ++r)
+      rope(k_[il].data() + r * KV, c.n_head_kv, c.head_dim, c.head_dim, -int32_t(n_discard), c.rope_theta, RopeStyle::Neox);
+  }
+  n_ctx_ = moved(n_ctx_);
+  first_ = moved(first_);
+}
+
 const std::vector<float>& DFlashState::step(const float* taps, size_t n_new, const float* embd, size_t n_block) {
   const DFlashConfig& c = d_.config();
   const size_t H = size_t(c.hidden_size), Q = size_t(c.q_dim()), KV = size_t(c.kv_dim()), F = size_t(c.intermediate_size);

@@ -107,6 +107,9 @@ class DFlashState {
   size_t first() const { return first_; }
   // Drops the context rows from position n on (first() <= n <= n_ctx()).
   void crop(size_t n);
+  // A context shift: the rows at positions [n_keep, n_keep + n_discard) go, the later ones move
+  // down by n_discard (their keys re-rotated), as the target's cache does it.
+  void shift(size_t n_keep, size_t n_discard);
 
   // Appends n_new context rows, from taps (n_new x n_taps*H: row r holds the taps of position
   // n_ctx() + r in config order), then runs the block `embd` (n_block x H) at positions

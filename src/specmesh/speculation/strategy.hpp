@@ -25,6 +25,13 @@ inline constexpr const char* kTargetRole = "target";
 inline constexpr const char* kDraftRole = "draft";
 inline std::string draft_role(int i) { return i == 0 ? kDraftRole : kDraftRole + std::to_string(i + 1); }
 
+// A row of another run's tapped hidden states: row `row` of run `run`'s batch (run 0: none).
+struct TapRow {
+  uint64_t run = 0;
+  int32_t row = 0;
+  friend bool operator==(const TapRow&, const TapRow&) = default;
+};
+
 class StrategyHost {
  public:
   virtual ~StrategyHost() = default;
@@ -33,9 +40,10 @@ class StrategyHost {
   // come back through Strategy::on_logits, in launch order per pipeline.
   uint64_t launch(const std::string& role, const Batch& batch, bool speculative) { return launch(role, batch, speculative, {}); }
   // The same for a pipeline conditioned on another's hidden states (a block drafter on the
-  // target's taps): inputs[i], when not 0, is the run whose tapped states are row i's input.
+  // target's taps): inputs[i], when its run is not 0, is the row whose tapped states are row
+  // i's input.
   virtual uint64_t launch(const std::string& role, const Batch& batch, bool speculative,
-                          const std::vector<uint64_t>& inputs) = 0;
+                          const std::vector<TapRow>& inputs) = 0;
   // KV-cache operations on a role's pipeline, applied in order with its runs.
   virtual void kv_ops(const std::string& role, std::vector<KvOp> ops) = 0;
   // Tells every stage of a role's pipeline to drop these runs (priority path).

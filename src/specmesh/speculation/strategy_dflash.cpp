@@ -44,7 +44,7 @@ class BlockDraft final : public Strategy {
       Batch batch;
       for (size_t i = b; i < e; ++i) batch.add(toks[i], int32_t(i), seq_bit(0), i + 1 == toks.size());
       awaited_ = h_.launch(kTargetRole, batch, false);
-      source_.resize(e, awaited_);
+      for (size_t i = b; i < e; ++i) source_.push_back({awaited_, int32_t(i - b)});
     }
     phase_ = Phase::prefill;
     start_ = int32_t(toks.size());
@@ -71,7 +71,19 @@ class BlockDraft final : public Strategy {
     }
   }
 
-  bool context_shifted(int, int) override { return false; }  // the draft cache holds absolute positions
+  // The context was full: tokens [n_keep, n_keep + n_discard) are gone from every cache, the
+  // drafter's too, and the later ones moved down. It comes from the last accept of a
+  // verification (a block never reaches past the context) or of the prefill. An async guess in
+  // flight stays coherent: the drafter's cache takes the shift after it.
+  bool context_shifted(int n_keep, int n_discard) override {
+    const auto moved = [&](int32_t p) { return p <= n_keep ? p : std::max<int32_t>(n_keep, p - n_discard); };
+    if (size_t(n_keep) < source_.size())
+      source_.erase(source_.begin() + n_keep, source_.begin() + std::min<size_t>(source_.size(), size_t(n_keep + n_discard)));
+    taken_ = moved(taken_);
+    start_ = moved(start_);
+    guess_.taken_before = moved(guess_.taken_before);
+    return true;
+  }
 
  private:
   enum class Phase { prefill, draft, verify };
@@ -97,8 +109,7 @@ class BlockDraft final : public Strategy {
       verify();
       return;
     }
-    std::vector<uint64_t> inputs;
-    for (int32_t p = taken_; p < start_; ++p) inputs.push_back(source_[size_t(p)]);
+    std::vector<TapRow> inputs(source_.begin() + taken_, source_.begin() + start_);
     const std::vector<int32_t>& toks = h_.tokens();
     awaited_ = draft(std::vector<int32_t>(toks.begin() + taken_, toks.begin() + start_), inputs, anchor_, start_, n);
     phase_ = Phase::draft;
@@ -106,7 +117,7 @@ class BlockDraft final : public Strategy {
 
   // Launches a draft run: context rows (tokens and the target runs that computed them) from
   // taken_ on, then the anchor at `at` and n - 1 mask rows.
-  uint64_t draft(const std::vector<int32_t>& ctx, std::vector<uint64_t> inputs, int32_t anchor, int32_t at, int n) {
+  uint64_t draft(const std::vector<int32_t>& ctx, std::vector<TapRow> inputs, int32_t anchor, int32_t at, int n) {
     // The drafter's cache holds [0, taken_); what it held past that (context rows a dropped
     // guess took, never block rows) goes, as the reference crops it.
     h_.kv_ops(kDraftRole, {{KvOpKind::remove, 0, -1, taken_, -1}});
@@ -115,7 +126,7 @@ class BlockDraft final : public Strategy {
     // Mask rows carry the id just past the vocabulary, no token's: the drafter embeds its mask.
     for (int i = 0; i < n; ++i) {
       b.add(i == 0 ? anchor : h_.vocab(), at + i, seq_bit(0), i > 0);
-      inputs.push_back(0);
+      inputs.push_back({});
     }
     taken_ = at;
     draft_rows_ = n;
@@ -141,7 +152,9 @@ class BlockDraft final : public Strategy {
     Guess g;
     g.anchor = drafted.back();
     g.taken_before = taken_;
-    g.run = draft(block_tokens_, std::vector<uint64_t>(block_tokens_.size(), v), g.anchor, next, n_next);
+    std::vector<TapRow> rows_of_v;
+    for (size_t i = 0; i < block_tokens_.size(); ++i) rows_of_v.push_back({v, int32_t(i)});
+    g.run = draft(block_tokens_, rows_of_v, g.anchor, next, n_next);
     g.rows = draft_rows_;
     guess_ = std::move(g);
     ++h_.metrics().speculative_drafts;
@@ -181,7 +194,7 @@ class BlockDraft final : public Strategy {
     }
     if (!going) return;
     h_.kv_ops(kTargetRole, {{KvOpKind::remove, 0, -1, start_ + a + 1, -1}});
-    source_.resize(size_t(start_ + a + 1), run);
+    for (int i = 0; i <= a; ++i) source_.push_back({run, i});
     start_ += a + 1;
     anchor_ = y;
     if (!held) return next_step();
@@ -198,7 +211,7 @@ class BlockDraft final : public Strategy {
   const bool async_;
   Phase phase_ = Phase::prefill;
   uint64_t awaited_ = 0;
-  std::vector<uint64_t> source_;       // per position, the target run whose taps hold it
+  std::vector<TapRow> source_;         // per position, the target run's row whose taps hold it
   int32_t taken_ = 0;                  // the drafter's cache holds [0, taken_) once its runs are done
   int32_t start_ = 0;                  // the anchor's position
   int32_t anchor_ = -1;
