@@ -13,6 +13,7 @@
 #include "refdata.hpp"
 #include "specmesh/model/synthetic.hpp"
 #include "specmesh/runtime.hpp"
+#include "specmesh/model/kv_cache.hpp"
 #include "specmesh/runtime/load_checks.hpp"
 
 using namespace specmesh;
@@ -121,6 +122,33 @@ TEST(LoadChecks, StagesOfOneNodeShareItsMemory) {
         << e.what();
   }
   EXPECT_NO_THROW(check_kv_memory(t, models, {"head"}, 1));  // no stages there
+}
+
+// A DFlash drafter's cache counts on its node: K and V of every context row its window keeps,
+// per drafter layer.
+TEST(LoadChecks, ADraftersCacheCountsOnItsNode) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string drafter = std::string(SPECMESH_SOURCE_DIR) + "/models/dflash-stories-target-1M";
+  for (const int window : {0, 100}) {
+    SCOPED_TRACE("window " + std::to_string(window));
+    Topology t = Topology::parse("[models.m]\npath = \"" + refdata("gguf-models/stories-target-1M.gguf") +
+                                     "\"\n[models.d]\npath = \"" + drafter +
+                                     "\"\n[run]\nmodel = \"m\"\ndraft = \"d\"\nstrategy = \"dflash\"\nn_ctx = 1000\n"
+                                     "[run.params]\nwindow = " + std::to_string(window) +
+                                     "\n[nodes.head]\nendpoint = \"inproc://h\"\nhead = true\n[devices.a]\nnode = \"head\"\n[devices.b]\nnode = \"head\"\n"
+                                     "[[stages]]\nmodel = \"m\"\ndevice = \"a\"\nfraction = 1.0\n"
+                                     "[[stages]]\nmodel = \"d\"\ndevice = \"b\"\nfraction = 1.0\n",
+                                 "t.toml", "/");
+    ModelCache models;
+    resolve_layers(t, models);
+    const HParams& hp = Model::load(refdata("gguf-models/stories-target-1M.gguf"))->hparams();
+    const uint64_t target = KvCache::bytes_needed(1000, hp.n_layer, hp.kv_dim());
+    // The drafter: 1 layer, 4 KV heads of 16; the window keeps 64 rows more for crops.
+    const uint64_t draft = KvCache::bytes_needed(window ? window + 64 : 1000, 1, 64);
+    ASSERT_GT(draft, 0u);
+    EXPECT_NO_THROW(check_kv_memory(t, models, {"head"}, target + draft));
+    EXPECT_THROW(check_kv_memory(t, models, {"head"}, target + draft - 1), ConfigError);
+  }
 }
 
 // A draft with another vocabulary proposes ids that mean other text to the target: its

@@ -4,6 +4,7 @@
 
 #include "specmesh/model/context.hpp"
 #include "specmesh/model/kv_cache.hpp"
+#include "specmesh/speculation/registry.hpp"
 
 namespace specmesh {
 
@@ -67,13 +68,22 @@ void check_kv_memory(const Topology& topo, ModelCache& models, const std::vector
     uint64_t bytes = 0;
     int n_ctx = 0;
     for (const auto& [role, name] : topo.role_models()) {
-      if (role_drafter(topo, models, role)) continue;  // its context rows: a few MiB at most
-      const auto model = models.get(topo.models.at(name));
+      const auto drafter = role_drafter(topo, models, role);
+      const auto model = role_model(topo, models, role);
       const int cells = context_size(*model, topo.run.n_ctx);
       n_ctx = std::max(n_ctx, cells);
-      for (const StageSpec* s : topo.stages_of(role))
-        if (topo.node_of_device(s->device).name == node)
+      for (const StageSpec* s : topo.stages_of(role)) {
+        if (topo.node_of_device(s->device).name != node) continue;
+        if (!drafter) {
           bytes += KvCache::bytes_needed(cells, s->layer_end - s->layer_begin, model->hparams().kv_dim());
+          continue;
+        }
+        // The draft cache: K and V of the context rows its window keeps, per drafter layer.
+        const StrategyInfo& info = strategy(topo.run.strategy);
+        const int window = info.param("window") ? info.resolve(topo.run.params).integer("window") : 0;
+        const int rows = window > 0 ? std::min(cells, window + int(DFlashState::kCropSlack)) : cells;
+        bytes += KvCache::bytes_needed(rows, drafter->config().n_layer, drafter->config().kv_dim());
+      }
     }
     if (bytes > memory_bytes)
       topo.fail("run.n_ctx", "a context of " + std::to_string(n_ctx) + " tokens needs " + bytes_text(bytes) +

@@ -177,7 +177,7 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
       caf::actor a;
       if (drafter && role == drafter_role) {
         DFlashStageConfig dc{sc, drafter, kTargetRole};
-        dc.window = size_t(strat->resolve(topo.run.params).integer("window"));
+        dc.window = strat->param("window") ? size_t(strat->resolve(topo.run.params).integer("window")) : 0;
         a = spawn_dflash_stage(sys, dc, stats);
       } else if (const int group = pair_group(role); group >= 0) {
         AlspecStageConfig pc;

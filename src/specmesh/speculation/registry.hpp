@@ -51,8 +51,8 @@ struct StrategyInfo {
   // Block drafting on the target's hidden states: this role is a DFlash drafter (a directory in
   // the z-lab layout, not a model file), which the runtime builds as one actors/dflash_stage
   // that the target's stages send the drafter's tapped layers to. Its parameter `block`, when
-  // 0, becomes the drafter's block size, and `taps` (16 or 32) the tapped states' precision
-  // on the wire. Empty: plain pipelines.
+  // 0, becomes the drafter's block size, `taps` (16 or 32) is the tapped states' precision on
+  // the wire, and `window` (when it has one) bounds the draft cache. Empty: plain pipelines.
   std::string drafter_role;
   // KV sequences a session of this strategy uses (StrategyHost::sequences), for setups with
   // these roles. Unset: every sequence of the cache, so its sessions run one at a time.
