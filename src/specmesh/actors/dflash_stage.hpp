@@ -16,7 +16,8 @@
 // from other nodes, on other links than the head's) holds the runs and cache operations after
 // it until they do, or until it is cancelled. Cache operations: `remove` from a position to
 // the end of a sequence (a crop; the block rows are never cached, so cropping at the block's
-// start is a no-op) and `remove` of everything; others are refused with an Error.
+// start is a no-op), `remove` of everything, and a context shift (context_shift_ops); others
+// are refused with an Error.
 #pragma once
 
 #include <memory>
