@@ -320,6 +320,11 @@ void FakeHost::process(Stage& st, LaunchRecord& r, bool skip_if_cancelled) {
     r.logits.insert(r.logits.end(), l.begin(), l.end());
     r.seen.push_back(std::move(seen));
   }
+  // A run conditioned on another pipeline's taps keeps only the rows that took them (a block
+  // drafter's context rows); the others (its block) are not cached, as the DFlash stage does.
+  if (!r.inputs.empty())
+    for (size_t i = b.size(); i-- > 0;)
+      if (!r.inputs[i].run) st.cells.erase(st.cells.begin() + long(first + i));
 }
 
 void FakeHost::process_until(const std::string& role, uint64_t run) {

@@ -2,7 +2,8 @@
 // strategies. Every launch, cache operation, cancel, accept and finish is logged in order.
 // Each role's pipeline is one simulated stage: runs and cache operations are processed in the
 // order they were sent (llama.cpp seq_rm/seq_cp/seq_keep semantics, as KvCache), a run
-// cancelled before it is processed is skipped, and a run's logits come from the role's
+// cancelled before it is processed is skipped (a run with inputs, a block drafter's, keeps only
+// the rows that took taps), and a run's logits come from the role's
 // script (an oracle over the tokens the row attends to). The test decides when each run's
 // result arrives, so several runs can be in flight.
 #pragma once

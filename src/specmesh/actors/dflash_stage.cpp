@@ -107,6 +107,7 @@ std::vector<float> gather_taps(const DFlashStageState& st, const DraftRun& d) {
   const std::vector<int>& layers = st.cfg.drafter->config().target_layer_ids;
   const size_t H = size_t(st.cfg.drafter->config().hidden_size), T = layers.size();
   std::vector<float> out(d.n_new * T * H);
+  std::vector<uint16_t> half(H);  // an f16 row, copied out: received frames need not be aligned
   for (size_t i = 0; i < d.n_new; ++i) {
     const int32_t row_of_run = d.batch.input_rows[i];
     for (size_t j = 0; j < T; ++j) {
@@ -122,7 +123,6 @@ std::vector<float> gather_taps(const DFlashStageState& st, const DraftRun& d) {
       const size_t k = size_t(row - h.rows.begin());
       float* dst = out.data() + (i * T + j) * H;
       if (h.states.dtype == WireDType::f16) {
-        std::vector<uint16_t> half(H);  // received frames need not be aligned
         std::memcpy(half.data(), h.states.data.data() + k * H * sizeof(uint16_t), H * sizeof(uint16_t));
         dequantize_row(DType::F16, half.data(), dst, H);
       } else {
@@ -195,10 +195,8 @@ void schedule_kv_ops(DFlashStageState& st, uint64_t run, KvCacheOp ops, RunAdmis
       for (size_t i = 0; i < o.size(); ++i) {
         const KvOp& op = o[i];
         if (op.kind == KvOpKind::unview) continue;  // it never has views
-        if (op.kind == KvOpKind::remove && op.pos_begin >= 0 && op.pos_end > op.pos_begin && i + 1 < o.size() &&
-            o[i + 1].kind == KvOpKind::shift && o[i + 1].seq == op.seq && o[i + 1].pos_begin == op.pos_end &&
-            o[i + 1].pos_end < 0 && o[i + 1].delta == op.pos_begin - op.pos_end) {
-          each(op.seq, [&](DFlashState& c) { c.shift(size_t(op.pos_begin), size_t(op.pos_end - op.pos_begin)); });
+        if (const auto shift = context_shift_at(o, i)) {
+          each(op.seq, [&](DFlashState& c) { c.shift(size_t(shift->first), size_t(shift->second)); });
           ++i;
           continue;
         }

@@ -13,15 +13,18 @@
 
 #include <caf/allowed_unsafe_message_type.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -259,6 +262,21 @@ inline KvOp unview_op(int32_t seq) { return {KvOpKind::unview, seq, -1, -1, -1};
 // the later ones move down by n_discard.
 inline std::vector<KvOp> context_shift_ops(int32_t n_keep, int32_t n_discard) {
   return {{KvOpKind::remove, -1, -1, n_keep, n_keep + n_discard}, {KvOpKind::shift, -1, -1, n_keep + n_discard, -1, -n_discard}};
+}
+// Where position p (an end, or a next free position) is after that shift: the same up to
+// n_keep, n_discard lower past the discarded range, n_keep inside it.
+inline int64_t shifted_position(int64_t p, int64_t n_keep, int64_t n_discard) {
+  return p <= n_keep ? p : std::max(n_keep, p - n_discard);
+}
+// When ops[i] and ops[i + 1] are a context shift as context_shift_ops builds it (for any
+// sequence), its n_keep and n_discard.
+inline std::optional<std::pair<int32_t, int32_t>> context_shift_at(const std::vector<KvOp>& ops, size_t i) {
+  if (i + 1 >= ops.size()) return std::nullopt;
+  const KvOp &rm = ops[i], &sh = ops[i + 1];
+  if (rm.kind != KvOpKind::remove || sh.kind != KvOpKind::shift || rm.pos_begin < 0 || rm.pos_end <= rm.pos_begin ||
+      sh.seq != rm.seq || sh.pos_begin != rm.pos_end || sh.pos_end >= 0 || sh.delta != rm.pos_begin - rm.pos_end)
+    return std::nullopt;
+  return std::pair{rm.pos_begin, rm.pos_end - rm.pos_begin};
 }
 
 struct KvCacheOp {

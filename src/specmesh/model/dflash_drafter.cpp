@@ -11,6 +11,7 @@
 #include "specmesh/kernels/ops.hpp"
 #include "specmesh/kernels/quant.hpp"
 #include "specmesh/kernels/thread_pool.hpp"
+#include "specmesh/messages/protocol.hpp"
 
 namespace specmesh {
 
@@ -186,7 +187,7 @@ void DFlashState::crop(size_t n) {
 void DFlashState::shift(size_t n_keep, size_t n_discard) {
   const DFlashConfig& c = d_.config();
   const size_t KV = size_t(c.kv_dim()), end = n_keep + n_discard;
-  const auto moved = [&](size_t p) { return p <= n_keep ? p : std::max(n_keep, p - std::min(p, n_discard)); };
+  const auto moved = [&](size_t p) { return size_t(shifted_position(int64_t(p), int64_t(n_keep), int64_t(n_discard))); };
   // Rows (indices from first_) that go, and those that move.
   const size_t gone_begin = std::clamp(n_keep, first_, n_ctx_) - first_, gone_end = std::clamp(end, first_, n_ctx_) - first_;
   for (size_t il = 0; il < k_.size(); ++il) {

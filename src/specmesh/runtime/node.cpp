@@ -151,7 +151,6 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
     if (n != 1)
       throw ConfigError(topo.path + ": strategy \"" + strat->name + "\" runs its drafter (role \"" + drafter_role +
                         "\") as one stage (it has " + std::to_string(n) + ")");
-    drafter->check_target(*role_model(topo, models, kTargetRole));
   }
 
   std::vector<Route> routes;

@@ -23,12 +23,6 @@ std::vector<int32_t> sync_cache(StrategyHost& host, const std::string& role, std
   return {want.begin() + keep, want.end()};
 }
 
-void shift_cached(std::vector<int32_t>& cached, int n_keep, int n_discard) {
-  const size_t b = std::min(cached.size(), size_t(std::max(0, n_keep)));
-  const size_t e = std::min(cached.size(), b + size_t(std::max(0, n_discard)));
-  cached.erase(cached.begin() + long(b), cached.begin() + long(e));
-}
-
 uint64_t feed(StrategyHost& host, const std::string& role, std::vector<int32_t>& cached,
               const std::vector<int32_t>& toks, size_t tail) {
   uint64_t last = 0;

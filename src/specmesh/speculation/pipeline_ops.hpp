@@ -2,6 +2,7 @@
 // with the accepted tokens, feeding tokens in batches, and reading a run's logits.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -17,7 +18,13 @@ std::vector<int32_t> sync_cache(StrategyHost& host, const std::string& role, std
                                 const std::vector<int32_t>& want, int32_t seq = 0);
 // Follows a context shift (Strategy::context_shifted) in `cached`: the tokens at
 // [n_keep, n_keep + n_discard) are gone and the later ones moved down, as in the cache.
-void shift_cached(std::vector<int32_t>& cached, int n_keep, int n_discard);
+// (Any per-position record: tokens, or the taps that hold each position.)
+template <class T>
+void shift_cached(std::vector<T>& cached, int n_keep, int n_discard) {
+  const size_t b = std::min(cached.size(), size_t(std::max(0, n_keep)));
+  const size_t e = std::min(cached.size(), b + size_t(std::max(0, n_discard)));
+  cached.erase(cached.begin() + long(b), cached.begin() + long(e));
+}
 // Feeds `toks` after `cached` into sequence 0, in chunks of n_batch, with logits for the last
 // `tail` of them; returns the id of the last run.
 uint64_t feed(StrategyHost& host, const std::string& role, std::vector<int32_t>& cached,

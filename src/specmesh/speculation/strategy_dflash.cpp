@@ -76,9 +76,8 @@ class BlockDraft final : public Strategy {
   // verification (a block never reaches past the context) or of the prefill. An async guess in
   // flight stays coherent: the drafter's cache takes the shift after it.
   bool context_shifted(int n_keep, int n_discard) override {
-    const auto moved = [&](int32_t p) { return p <= n_keep ? p : std::max<int32_t>(n_keep, p - n_discard); };
-    if (size_t(n_keep) < source_.size())
-      source_.erase(source_.begin() + n_keep, source_.begin() + std::min<size_t>(source_.size(), size_t(n_keep + n_discard)));
+    const auto moved = [&](int32_t p) { return int32_t(shifted_position(p, n_keep, n_discard)); };
+    shift_cached(source_, n_keep, n_discard);
     taken_ = moved(taken_);
     start_ = moved(start_);
     guess_.taken_before = moved(guess_.taken_before);
@@ -118,9 +117,6 @@ class BlockDraft final : public Strategy {
   // Launches a draft run: context rows (tokens and the target runs that computed them) from
   // taken_ on, then the anchor at `at` and n - 1 mask rows.
   uint64_t draft(const std::vector<int32_t>& ctx, std::vector<TapRow> inputs, int32_t anchor, int32_t at, int n) {
-    // The drafter's cache holds [0, taken_); what it held past that (context rows a dropped
-    // guess took, never block rows) goes, as the reference crops it.
-    h_.kv_ops(kDraftRole, {{KvOpKind::remove, 0, -1, taken_, -1}});
     Batch b;
     for (size_t i = 0; i < ctx.size(); ++i) b.add(ctx[i], taken_ + int32_t(i), seq_bit(0), false);
     // Mask rows carry the id just past the vocabulary, no token's: the drafter embeds its mask.
@@ -189,8 +185,11 @@ class BlockDraft final : public Strategy {
     guess_ = {};
     const bool held = g.run && going && size_t(a) + 1 == n && y == g.anchor;
     if (g.run && !held) {
+      // The guess's context rows may be in the drafter's cache already: crop them (block rows
+      // never are, so a draft that stood needs no crop).
       h_.cancel(kDraftRole, {g.run});
       taken_ = g.taken_before;
+      h_.kv_ops(kDraftRole, {{KvOpKind::remove, 0, -1, taken_, -1}});
     }
     if (!going) return;
     h_.kv_ops(kTargetRole, {{KvOpKind::remove, 0, -1, start_ + a + 1, -1}});
