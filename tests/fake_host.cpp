@@ -280,6 +280,8 @@ void FakeHost::process(Stage& st, LaunchRecord& r, bool skip_if_cancelled) {
     if (b.seqs[i] == 0) error(name + ": batch token without a sequence");
     st.cells.push_back({b.pos[i], b.tokens[i], b.seqs[i]});
   }
+  int& peak = peak_cells_[r.role];
+  peak = std::max(peak, int(st.cells.size()));
   // A tree batch: a node sees its ancestors in the batch (by parent links, independently of
   // the production mask) and the cached cells of its sequences before the tree's first position.
   auto tree_sees = [&](size_t i, size_t cell) {

@@ -149,6 +149,8 @@ class FakeHost final : public StrategyHost {
   int n_batch() const override { return opt_.n_batch; }
   int n_ctx() const override { return opt_.n_ctx; }
   int context_shifts() const { return shifts_; }
+  // The most KV cells a role's stage held at once (right after placing a run's rows).
+  int peak_cells(const std::string& role) const { return peak_cells_.count(role) ? peak_cells_.at(role) : 0; }
   const StrategyParams& params() const override { return params_; }
 
  private:
@@ -188,6 +190,7 @@ class FakeHost final : public StrategyHost {
   uint64_t next_run_ = 1;
   bool done_ = false;
   int shifts_ = 0;
+  std::map<std::string, int> peak_cells_;
 };
 
 // The scripted setup the strategy tests share: a 32-token vocabulary, a short prompt, a target

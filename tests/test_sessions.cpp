@@ -192,6 +192,43 @@ TEST(Sessions, AdmissionBeyondTheBoundFailsAtOnceWithBusy) {
   EXPECT_TRUE(again.ok()) << again.error;
 }
 
+TEST(Sessions, DoneCallbackGetsTheResultOnceBeforeWaitReturns) {
+  SPECMESH_REQUIRE_REFDATA();
+  Runtime rt(setup(256, false), sessions(2, 0));
+  struct Seen {
+    std::atomic<int> calls{0};
+    GenerationResult result;
+  };
+  auto watch = [](Seen& s) {
+    return [&s](const GenerationResult& r) {
+      s.result = r;
+      ++s.calls;
+    };
+  };
+  // A finished one, a cancelled one, and one refused at once (on this thread, before submit returns).
+  Seen done, cancelled, refused;
+  auto a = rt.submit({.prompt = "Once upon a time", .n_predict = 8, .ignore_eos = true}, {}, watch(done));
+  auto b = rt.submit({.prompt = "The little dog", .n_predict = 400, .ignore_eos = true},
+                     [](int32_t, const std::string&) {
+                       std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                       return true;
+                     },
+                     watch(cancelled));
+  auto c = rt.submit({.prompt = "Lily", .n_predict = 4, .strategy = "nonesuch"}, {}, watch(refused));
+  EXPECT_EQ(refused.calls, 1);
+  EXPECT_EQ(refused.result.error_kind, ErrorKind::invalid_request);
+  b->cancel();
+  const GenerationResult ra = a->wait(), rb = b->wait(), rc = c->wait();
+  EXPECT_EQ(done.calls, 1);
+  EXPECT_EQ(done.result.ids, ra.ids);
+  EXPECT_EQ(ra.ids.size(), 8u);
+  EXPECT_EQ(cancelled.calls, 1);
+  EXPECT_EQ(cancelled.result.finish_reason, FinishReason::cancelled);
+  EXPECT_EQ(cancelled.result.ids, rb.ids);
+  EXPECT_EQ(refused.calls, 1);
+  EXPECT_EQ(rc.error, refused.result.error);
+}
+
 TEST(Sessions, OneSessionsErrorOrCancelLeavesAnothersIdsAlone) {
   SPECMESH_REQUIRE_REFDATA();
   const int ctx = 64;
@@ -362,17 +399,24 @@ TEST(ContextShift, EveryStrategyGoesOnPastAFullContextAsLlamaCppDoes) {
   const std::string prompt = "Once upon a time, there was a little girl";
   auto m = Model::load(refdata(kTarget));
   const auto prompt_ids = m->tokenizer().encode_prompt(prompt, false);
-  for (const char* strategy : {"ar", "spec", "pipeinfer", "spec-tree"})
+  for (const char* strategy : {"ar", "spec", "pipeinfer", "spec-tree", "triforce"})
   for (int n_keep : {0, 4}) {
-    const auto want = shifting_reference(*m, ctx, prompt_ids, n, n_keep);
     // Beside it, a plain session that must not notice.
     auto other = rt.submit({.prompt = "The little dog", .n_predict = 30, .ignore_eos = true, .strategy = "ar"});
     const bool tree = std::string(strategy) == "spec-tree";
     GenerationRequest req{.prompt = prompt, .n_predict = n, .ignore_eos = true, .strategy = tree ? "spec" : strategy,
                           .context_shift = true, .n_keep = n_keep};
     if (tree) req.params = {{"tree", "3,2,1"}, {"p_accept", "0.05"}};
+    if (std::string(strategy) == "triforce")
+      req.params = {{"budget", "32"}, {"chunk", "4"}, {"sink", "4"}, {"window", "24"}, {"rebuild_every", "16"}};
+    // A tree's nodes (15 - its depth 3) and TriForce's middle level (gamma1 + gamma2 + 2) may
+    // hold cells beside the tokens': their sessions' contexts are smaller by as many.
+    const int n_ctx = rt.session_context(req);
+    EXPECT_EQ(n_ctx, tree ? ctx - 12 : std::string(strategy) == "triforce" ? ctx - 10 : ctx) << strategy;
+    const auto want = shifting_reference(*m, n_ctx, prompt_ids, n, n_keep);
     GenerationResult r = rt.generate(req);
     ASSERT_TRUE(r.ok()) << strategy << ": " << r.error;
+    EXPECT_EQ(r.context, n_ctx);
     EXPECT_EQ(r.ids, want) << strategy << ", n_keep " << n_keep << ", first difference at token "
                            << std::mismatch(r.ids.begin(), r.ids.end(), want.begin(), want.end()).first - r.ids.begin()
                            << " of " << r.ids.size() << " (prompt " << prompt_ids.size() << ")";
@@ -386,6 +430,40 @@ TEST(ContextShift, EveryStrategyGoesOnPastAFullContextAsLlamaCppDoes) {
   EXPECT_EQ(r.error_kind, ErrorKind::context_full) << r.error;
   const auto want = shifting_reference(*m, ctx, prompt_ids, ctx + 1 - int(prompt_ids.size()), 0);
   EXPECT_EQ(r.ids, want);
+}
+
+// With the cache exactly one session's share, a speculation that held one cell more than its
+// strategy's spare cells would fail with a full cache; each goes on through its shifts.
+TEST(ContextShift, SpeculationStaysInsideTheSessionsShareOfTheCache) {
+  SPECMESH_REQUIRE_REFDATA();
+  const int ctx = 64, n = 150;
+  Runtime rt(setup(ctx, true), sessions(1));
+  const std::string prompt = "Once upon a time, there was a little girl";
+  auto m = Model::load(refdata(kTarget));
+  const auto prompt_ids = m->tokenizer().encode_prompt(prompt, false);
+  const std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>> cases = {
+      {"spec", {{"tree", "3,2,1"}, {"p_accept", "0"}}},
+      {"spec", {{"tree", "6"}, {"p_accept", "0"}}},
+      {"pipeinfer", {{"n_parallel", "3"}, {"p_split", "0.01"}, {"max_runs", "4"}, {"max_micro_batch", "2"}}},
+      {"triforce", {{"budget", "32"}, {"chunk", "4"}, {"sink", "4"}, {"window", "24"}, {"gamma1", "3"}, {"gamma2", "4"}}}};
+  for (const auto& [strategy, params] : cases) {
+    GenerationRequest req{.prompt = prompt, .n_predict = n, .ignore_eos = true, .strategy = strategy,
+                          .context_shift = true, .n_keep = 0};
+    req.params = params;
+    const int n_ctx = rt.session_context(req);
+    EXPECT_LT(n_ctx, ctx) << strategy;
+    GenerationResult r = rt.generate(req);
+    ASSERT_TRUE(r.ok()) << strategy << ": " << r.error;
+    EXPECT_EQ(r.ids, shifting_reference(*m, n_ctx, prompt_ids, n, 0)) << strategy;
+    EXPECT_GE(r.context_shifts, 2) << strategy;
+  }
+  // A speculation that leaves a session no context is refused, with what to change: a tree of
+  // 20 nodes, 2 deep, in a share of 16 cells.
+  Runtime four(setup(ctx, true), sessions(4));
+  GenerationResult r = four.generate({.prompt = "Once", .n_predict = 4, .strategy = "spec", .params = {{"tree", "5,3"}}});
+  EXPECT_EQ(r.error_kind, ErrorKind::invalid_request) << r.error;
+  EXPECT_NE(r.error.find("may hold 18 KV cells beyond one per token"), std::string::npos) << r.error;
+  EXPECT_THROW(four.session_context({.prompt = "Once", .strategy = "nonesuch"}), std::invalid_argument);
 }
 
 TEST(ContextShift, GenerateTakesMinusOneAndContextShift) {

@@ -250,6 +250,43 @@ TEST(StrategyTriForce, DraftCacheStaysInsideSinkAndWindow) {
   EXPECT_LE(seen.size(), 14u);
 }
 
+TEST(StrategyTriForce, AContextShiftRebuildsTheRetrievalCacheAndRestartsTheDraft) {
+  // The shift moves and drops entries the retrieval cache was built from, and the draft's
+  // StreamingLLM cache holds tokens at positions of its own, which the shift does not know.
+  const int n_ctx = 64, n = 100;
+  for (int n_keep : {0, 5}) {
+    SCOPED_TRACE("n_keep " + std::to_string(n_keep));
+    FakeHost h = make_host(kTarget, n, {.n_ctx = n_ctx, .context_shift = true, .n_keep = n_keep});
+    h.start("triforce", with(kSmall, {{"budget", 32}, {"rebuild_below", 0.0}}));
+    h.run_to_end(FakeHost::oldest_first());
+    ASSERT_TRUE(h.errors().empty()) << h.errors().front();
+    EXPECT_EQ(h.generated(), greedy_shifting(kLongPrompt, kTarget, n, n_ctx, n_keep));
+    EXPECT_GE(h.context_shifts(), 2);
+    // After each shift the retrieval cache is rebuilt before a middle-level run reads it, and
+    // the draft's cache is emptied and filled again from position 0.
+    bool stale_view = false, stale_draft = false;
+    int shifts = 0;
+    for (const Event& e : h.events()) {
+      if (e.kind == EventKind::kv_ops)
+        for (size_t i = 0; i < e.ops.size(); ++i) {
+          if (context_shift_at(e.ops, i)) {
+            (e.role == kTargetRole ? stale_view : stale_draft) = true;
+            shifts += e.role == kTargetRole;
+          }
+          if (e.role == kTargetRole && e.ops[i].kind == KvOpKind::retrieve) stale_view = false;
+        }
+      if (e.kind != EventKind::launch) continue;
+      const LaunchRecord& r = h.launch_of(e.run);
+      if (e.role == kTargetRole && r.speculative) EXPECT_FALSE(stale_view) << "middle-level run " << e.run << " read a moved retrieval cache";
+      if (e.role == kDraft && stale_draft) {
+        EXPECT_EQ(r.batch.pos.front(), 0) << "the draft's first run after a shift";
+        stale_draft = false;
+      }
+    }
+    EXPECT_EQ(shifts, h.context_shifts());
+  }
+}
+
 TEST(StrategyTriForce, BadParametersAreRejectedWithTheKeyAndTheReason) {
   const StrategyInfo& s = strategy("triforce");
   auto conflict = [&](const std::map<std::string, ParamValue>& given, int n_ctx) -> std::string {

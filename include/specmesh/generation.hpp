@@ -159,10 +159,15 @@ struct GenerationResult {
   ErrorKind error_kind = ErrorKind::none;  // set with every error
   FinishReason finish_reason = FinishReason::length;
   int context_shifts = 0;    // times the context was shifted (GenerationRequest::context_shift)
+  // Tokens the session's context held (Runtime::session_context for the request); 0 when the
+  // request never started.
+  int context = 0;
   bool ok() const { return error.empty(); }
 };
 
 // Called with each accepted token and its text; returning false stops generation.
 using StreamCallback = std::function<bool(int32_t id, const std::string& piece)>;
+// Called once with the result when a generation ends.
+using DoneCallback = std::function<void(const GenerationResult& result)>;
 
 }  // namespace specmesh

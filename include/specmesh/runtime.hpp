@@ -94,7 +94,10 @@ class Runtime {
   // for an unknown strategy, a strategy whose roles the topology lacks, or a parameter outside
   // its schema; busy past RuntimeOptions::max_queued; context_full for a prompt longer than
   // session_context()).
-  std::unique_ptr<Generation> submit(GenerationRequest request, StreamCallback on_token = {});
+  // on_done, when given, runs once with the result when the generation ends (on a runtime
+  // thread, or on this one for a request refused at once), before wait() returns; like
+  // on_token, it must not block.
+  std::unique_ptr<Generation> submit(GenerationRequest request, StreamCallback on_token = {}, DoneCallback on_done = {});
   // Blocking form of submit().
   GenerationResult generate(GenerationRequest request, StreamCallback on_token = {});
 
@@ -109,9 +112,14 @@ class Runtime {
   const Topology& topology() const;
   // KV cells of the target's context, shared by the sessions.
   int context_size() const;
-  // KV cells one session may hold: context_size() / max_sessions. Prompt and reply together
-  // must fit in this many (or the context shifts, GenerationRequest::context_shift).
+  // KV cells one session may hold: context_size() / max_sessions.
   int session_context() const;
+  // Tokens the context of a session of this request holds: session_context(), less the cells
+  // its strategy's speculation may hold beyond one per token (token trees, parallel branches,
+  // TriForce's middle level). Prompt and reply together must fit in this many (or the context
+  // shifts, GenerationRequest::context_shift). Throws std::invalid_argument for a request
+  // submit() would refuse as invalid_request, with the same message.
+  int session_context(const GenerationRequest& request) const;
   // Whether every node answers, and how many sessions run and wait.
   RuntimeStatus status() const;
   Health health() const { return status().health; }

@@ -96,8 +96,7 @@ void finish_unstarted(const SessionPtr& s, std::string error, ErrorKind kind) {
   r.error = std::move(error);
   r.error_kind = r.error.empty() ? ErrorKind::none : kind;
   r.finish_reason = r.error.empty() ? FinishReason::cancelled : FinishReason::error;
-  if (s->on_finished) s->on_finished();
-  s->done.set_value(std::move(r));
+  s->hand_over(std::move(r));
 }
 
 void publish(HeadState& st) {
@@ -145,9 +144,9 @@ void settle(HeadState& st) {
     st.seqs_used |= seqs->mask();
     st.running.push_back(std::move(r));
     Running& run = *st.running.back();
-    if (int(h.prompt().size()) > st.cfg.session_ctx) {
+    if (int(h.prompt().size()) > h.n_ctx()) {
       h.finish("the prompt has " + std::to_string(h.prompt().size()) + " tokens, more than the session's context of " +
-                   std::to_string(st.cfg.session_ctx) + " tokens",
+                   std::to_string(h.n_ctx()) + " tokens",
                ErrorKind::context_full);
       continue;
     }

@@ -55,7 +55,14 @@ struct Session {
   // head's configured one.
   const StrategyInfo* strategy = nullptr;
   StrategyParams params;
-  std::function<void()> on_finished;  // called once the result is handed over
+  std::function<void()> on_finished;  // the runtime's, called first when the result is handed over
+  DoneCallback on_done;               // the client's (Runtime::submit), called next
+  // Hands the result over: on_finished, on_done, then `done`.
+  void hand_over(GenerationResult result) {
+    if (on_finished) on_finished();
+    if (on_done) on_done(result);
+    done.set_value(std::move(result));
+  }
 };
 using SessionPtr = std::shared_ptr<Session>;
 // (generate_atom, SessionPtr): start or queue a session. (cancel_atom, SessionPtr): end it now

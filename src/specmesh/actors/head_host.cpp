@@ -1,6 +1,7 @@
 #include "specmesh/actors/head_host.hpp"
 
 #include <algorithm>
+#include <set>
 #include <stdexcept>
 
 #include "specmesh/actors/stage.hpp"
@@ -34,6 +35,17 @@ HeadHost::HeadHost(const HeadConfig& cfg, SessionPtr session, RunIds& ids, const
   m.target = cfg.target().model_name;
   auto draft = cfg.pipelines.find("draft");
   if (draft != cfg.pipelines.end()) m.draft = draft->second.model_name;
+  std::set<std::string> roles;
+  for (const auto& [role, p] : cfg.pipelines) roles.insert(role);
+  const int spare = strategy.spare_cells_for(params_, roles);
+  n_ctx_ = cfg.session_ctx - spare;
+  if (n_ctx_ < 2)
+    throw std::invalid_argument("strategy \"" + strategy.name + "\" with these parameters may hold " + std::to_string(spare) +
+                                " KV cells beyond one per token, which leaves no context in a session's share of " +
+                                std::to_string(cfg.session_ctx) +
+                                " cells: use fewer sessions, a larger context or less speculation (a smaller tree, fewer "
+                                "branches or runs in flight)");
+  stream_.set_context(n_ctx_);
 }
 
 const PipelineRef& HeadHost::pipeline(const std::string& role) const {
@@ -96,8 +108,8 @@ uint64_t HeadHost::launch(const std::string& role, const Batch& batch, bool spec
     throw std::runtime_error("the session has " + std::to_string(deadlines_.outstanding()) +
                              " runs in flight, the most one may have; generation aborted");
   for (int32_t pos : batch.pos)
-    if (pos >= cfg_.session_ctx)
-      throw ContextFull("the context of " + std::to_string(cfg_.session_ctx) + " tokens is full (strategy \"" +
+    if (pos >= n_ctx_)
+      throw ContextFull("the context of " + std::to_string(n_ctx_) + " tokens is full (strategy \"" +
                         strategy_.name + "\" needs position " + std::to_string(pos) + ")");
   Batch b = batch;
   for (SeqSet& s : b.seqs) s = translate(s);
@@ -167,10 +179,10 @@ bool HeadHost::accept(int32_t token) {
   if (!stream_.accept(token)) return false;
   // The next step needs a cell for every token so far: the prompt and all accepted but the
   // newest are cached, the newest goes in with the next run.
-  if (int(tokens().size()) <= cfg_.session_ctx) return true;
+  if (int(tokens().size()) <= n_ctx_) return true;
   if (session_->request.context_shift && shift_context()) return true;
   const int n = int(tokens().size()) - 1;
-  stream_.finish("the context of " + std::to_string(cfg_.session_ctx) + " tokens is full (" + std::to_string(n) +
+  stream_.finish("the context of " + std::to_string(n_ctx_) + " tokens is full (" + std::to_string(n) +
                      " tokens cached)" +
                      (session_->request.context_shift
                           ? "; strategy \"" + strategy_.name + "\" cannot shift it"

@@ -26,7 +26,7 @@ struct SessionSeqs {
   SeqSet mask() const { return count == kMaxSeqs ? ~SeqSet(0) : ((SeqSet(1) << count) - 1) << base; }
 };
 
-// A run that would take a session past its context (HeadConfig::session_ctx).
+// A run that would take a session past its context (HeadHost::n_ctx).
 struct ContextFull : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -56,7 +56,9 @@ class HeadHost final : public StrategyHost {
   bool has_role(const std::string& role) const override;
   int vocab() const override { return cfg_.target().model->hparams().n_vocab; }
   int n_batch() const override { return cfg_.n_batch; }
-  int n_ctx() const override { return cfg_.session_ctx; }
+  // The session's share of the cache (HeadConfig::session_ctx) less the cells its strategy's
+  // speculation may hold beyond one per position (StrategyInfo::spare_cells).
+  int n_ctx() const override { return n_ctx_; }
   const StrategyParams& params() const override { return params_; }
   int sequences() const override { return seqs_.count; }
 
@@ -88,6 +90,7 @@ class HeadHost final : public StrategyHost {
   SessionPtr session_;
   const StrategyInfo& strategy_;
   StrategyParams params_;
+  int n_ctx_ = 0;
   SessionSeqs seqs_;
   RunMerger* merger_;
   TokenStream stream_;

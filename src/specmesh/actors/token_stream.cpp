@@ -74,9 +74,8 @@ void TokenStream::finish(std::string error, ErrorKind kind) {
     }
   }
   result_.metrics = metrics_;
-  // Released first, so a client that sees the result may submit again at once.
-  if (session_->on_finished) session_->on_finished();
-  session_->done.set_value(std::move(result_));
+  // The session is released first, so a client that sees the result may submit again at once.
+  session_->hand_over(std::move(result_));
 }
 
 }  // namespace specmesh

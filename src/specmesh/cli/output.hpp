@@ -20,6 +20,7 @@ inline nlohmann::json result_json(const GenerationResult& r) {
   stats["decode_tokens_per_s"] = r.stats.decode_tokens_per_s;
   stats["total_ms"] = r.stats.total_ms;
   stats["context_shifts"] = r.context_shifts;
+  stats["context"] = r.context;
   j["stats"] = stats;
   if (!r.ok()) {
     j["error"] = r.error;

@@ -143,11 +143,12 @@ void Generation::cancel() {
   if (auto head = caf::actor_cast<caf::actor>(state_->head)) caf::anon_send(head, cancel_atom::value, state_->session);
 }
 
-std::unique_ptr<Generation> Runtime::submit(GenerationRequest request, StreamCallback on_token) {
+std::unique_ptr<Generation> Runtime::submit(GenerationRequest request, StreamCallback on_token, DoneCallback on_done) {
   Impl& m = *impl_;
   auto s = std::make_shared<Session>();
   s->request = std::move(request);
   s->on_token = std::move(on_token);
+  s->on_done = std::move(on_done);
   auto state = std::make_shared<Generation::State>();
   state->session = s;
   state->result = s->done.get_future();
@@ -156,7 +157,7 @@ std::unique_ptr<Generation> Runtime::submit(GenerationRequest request, StreamCal
     r.error = std::move(error);
     r.error_kind = kind;
     r.finish_reason = FinishReason::error;
-    s->done.set_value(std::move(r));
+    s->hand_over(std::move(r));
     return std::make_unique<Generation>(std::move(state));
   };
   try {
@@ -200,6 +201,18 @@ const Topology& Runtime::topology() const { return impl_->topo; }
 const RuntimeOptions& Runtime::options() const { return impl_->opts; }
 
 int Runtime::session_context() const { return context_size() / impl_->opts.max_sessions; }
+
+int Runtime::session_context(const GenerationRequest& request) const {
+  const Topology& topo = impl_->topo;
+  RequestStrategy rs = request_strategy(topo, context_size(), request);
+  if (!rs.info) {  // the configuration's
+    rs.info = &strategy(topo.run.strategy);
+    rs.params = rs.info->resolve(topo.run.params);
+  }
+  std::set<std::string> roles;
+  for (const auto& [role, model] : topo.role_models()) roles.insert(role);
+  return session_context() - rs.info->spare_cells_for(rs.params, roles);
+}
 
 RuntimeStatus Runtime::status() const {
   RuntimeStatus s;

@@ -3,13 +3,16 @@
 namespace specmesh::serve {
 
 Reply::Reply(Runtime& runtime, GenerationRequest request, std::vector<std::string> stops) : stop_(std::move(stops)) {
-  generation_ = runtime.submit(std::move(request), [this](int32_t, const std::string& piece) { return on_token(piece); });
-  waiter_ = std::thread([this] { wait_for_result(); });
+  generation_ = runtime.submit(
+      std::move(request), [this](int32_t, const std::string& piece) { return on_token(piece); },
+      [this](const GenerationResult& r) { on_result(r); });
 }
 
 Reply::~Reply() {
   cancel();
-  waiter_.join();
+  // The runtime calls on_result once more at most: wait for it (it ends the moment it unlocks).
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [&] { return finished_; });
 }
 
 bool Reply::on_token(const std::string& piece) {
@@ -22,16 +25,15 @@ bool Reply::on_token(const std::string& piece) {
   return !stopped_;
 }
 
-void Reply::wait_for_result() {
-  GenerationResult r = generation_->wait();
+void Reply::on_result(const GenerationResult& r) {
   std::lock_guard lk(mu_);
   // Bytes of an unfinished UTF-8 character held back at the end reach only the result's text.
   if (!stopped_ && r.text.size() > streamed_bytes_) push(stop_.feed(std::string_view(r.text).substr(streamed_bytes_)));
   stopped_ = stop_.stopped();
   push(stop_.flush());
-  result_ = std::move(r);
+  result_ = r;
   finished_ = true;
-  cv_.notify_all();
+  cv_.notify_all();  // under the lock: once it is released, nothing of this Reply is touched
 }
 
 void Reply::push(std::string text) {

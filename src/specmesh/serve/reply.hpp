@@ -8,7 +8,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "specmesh/chat/stop.hpp"
@@ -46,7 +45,7 @@ class Reply {
  private:
   bool on_token(const std::string& piece);
   void push(std::string text);  // a piece for next(), unless empty
-  void wait_for_result();
+  void on_result(const GenerationResult& r);  // the runtime's DoneCallback
 
   std::unique_ptr<Generation> generation_;
   std::mutex mu_;
@@ -56,7 +55,6 @@ class Reply {
   size_t streamed_bytes_ = 0;    // bytes of the pieces so far, before stop filtering
   bool started_ = false, finished_ = false, stopped_ = false;
   GenerationResult result_;
-  std::thread waiter_;           // waits for the generation's end
 };
 
 }  // namespace specmesh::serve

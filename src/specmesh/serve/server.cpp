@@ -237,7 +237,12 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
   // how much. A reply stops where the session's context is full ("length"), unless the
   // context shifts.
   const int n_prompt = int(rt.tokenizer().encode_prompt(g.prompt, g.parse_special).size());
-  const int n_ctx = rt.session_context();
+  int n_ctx = 0;
+  try {
+    n_ctx = rt.session_context(g);  // less what the request's strategy may hold beyond its tokens
+  } catch (const std::invalid_argument& e) {
+    throw ApiError(400, "invalid_request_error", "invalid_value", e.what(), "specmesh");
+  }
   if (n_prompt >= n_ctx)
     throw ApiError(413, "invalid_request_error", "context_length_exceeded",
                    "the prompt is " + std::to_string(n_prompt) + " tokens long; a session's context holds " +

@@ -52,6 +52,10 @@ int StrategyInfo::sequences_for(const StrategyParams& params, const std::set<std
   return sequences ? std::clamp(sequences(params, roles), 1, kMaxSeqs) : kMaxSeqs;
 }
 
+int StrategyInfo::spare_cells_for(const StrategyParams& params, const std::set<std::string>& roles) const {
+  return spare_cells ? std::max(0, spare_cells(params, roles)) : 0;
+}
+
 StrategyParams StrategyInfo::resolve_text(std::map<std::string, ParamValue> base,
                                           const std::vector<std::pair<std::string, std::string>>& text) const {
   for (const auto& [key, value] : text) {

@@ -57,6 +57,12 @@ struct StrategyInfo {
   // KV sequences a session of this strategy uses (StrategyHost::sequences), for setups with
   // these roles. Unset: every sequence of the cache, so its sessions run one at a time.
   std::function<int(const StrategyParams&, const std::set<std::string>& roles)> sequences;
+  // KV cells a session of this strategy may hold at once beyond one per position of its
+  // context, in any pipeline's cache: cells of speculative branches or levels at positions
+  // another of its sequences also holds. The head gives such a session that many positions
+  // fewer than its share of the cache, so that no session ever takes another's cells. Unset: 0
+  // (one cell per position: a chain).
+  std::function<int(const StrategyParams&, const std::set<std::string>& roles)> spare_cells;
   // Its target runs are plain decode steps (one sequence, no speculation), which the head may
   // merge with other sessions' into one run (continuous batching).
   bool mergeable_runs = false;
@@ -66,6 +72,8 @@ struct StrategyInfo {
   std::vector<std::string> needed_roles(const StrategyParams& params) const;
   // sequences() when set, else kMaxSeqs; at least 1, at most kMaxSeqs.
   int sequences_for(const StrategyParams& params, const std::set<std::string>& roles) const;
+  // spare_cells() when set, else 0.
+  int spare_cells_for(const StrategyParams& params, const std::set<std::string>& roles) const;
   // Defaults for everything not given; throws std::invalid_argument naming an unknown key
   // or a value out of its range.
   StrategyParams resolve(const std::map<std::string, ParamValue>& given) const;

@@ -639,6 +639,12 @@ StrategyInfo strategy_info_pipeinfer() {
   s.make = [](StrategyHost& h) { return std::make_unique<PipeInfer>(h); };
   // The canonical sequence 0 and branches 1 .. n_parallel + 1.
   s.sequences = [](const StrategyParams& p, const std::set<std::string>&) { return p.integer("n_parallel") + 2; };
+  // A chain's rows are one cell per position (a dead run's cells go before a run at the same
+  // positions is placed). Each branch beside the first may hold, at positions the others hold
+  // too, the rows of every run in flight, max_micro_batch each.
+  s.spare_cells = [](const StrategyParams& p, const std::set<std::string>&) {
+    return (p.integer("n_parallel") - 1) * p.integer("max_runs") * p.integer("max_micro_batch");
+  };
   return s;
 }
 

@@ -294,6 +294,18 @@ StrategyInfo strategy_info_spec() {
     for (int w : tree) leaves = std::min<size_t>(leaves * size_t(w), size_t(kMaxSeqs));
     return int(std::min<size_t>(1 + leaves * drafts, size_t(kMaxSeqs)));
   };
+  // A verification holds the tree's nodes at positions up to its depth past the newest token,
+  // which the context has room for; the drafters' trees merged in it are at most all their
+  // nodes, and adding a node to a tree never lowers (nodes - depth), so the full trees are the
+  // worst case. Each drafter's own cache holds one tree: no more. A single chain: none.
+  s.spare_cells = [](const StrategyParams& p, const std::set<std::string>& roles) {
+    int drafts = 1;
+    while (roles.count(draft_role(drafts))) ++drafts;
+    const std::vector<int>& tree = p.list("tree");
+    const int depth = tree.empty() ? p.integer("n_draft") : int(tree.size());
+    const int nodes = tree.empty() ? depth : int(std::min<size_t>(expansion_size(tree), size_t(p.integer("tree_nodes"))));
+    return drafts * nodes - depth;
+  };
   s.make = [](StrategyHost& h) -> std::unique_ptr<Strategy> {
     if (!h.params().list("tree").empty() || h.has_role("draft2")) return std::make_unique<TreeSpeculative>(h);
     return std::make_unique<Speculative>(h);

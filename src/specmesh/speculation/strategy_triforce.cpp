@@ -91,6 +91,27 @@ class TriForce final : public Strategy {
     if (run == awaited_top_) return on_top(run, l);
   }
 
+  // The shift comes from an accept() of the full cache's step or of a top-level verdict, while
+  // the lower levels may be running ahead: their proposal dies (its runs cancelled). The full
+  // cache and sequence 1 follow the shift as every cache does; the retrieval cache, whose
+  // entries the shift moved or dropped, is rebuilt before the middle level reads it again;
+  // the draft's StreamingLLM cache, whose in-cache positions are not the tokens' positions,
+  // starts over (one run of the draft over at most sink + window tokens).
+  bool context_shifted(int n_keep, int n_discard) override {
+    shift_cached(full_cached_, n_keep, n_discard);
+    shift_cached(mid_cached_, n_keep, n_discard);
+    if (use_draft_) {
+      if (awaited_draft_) h_.cancel(kDraftRole, {std::exchange(awaited_draft_, 0)});
+      h_.kv_ops(kDraftRole, {{KvOpKind::remove, 0, -1, -1, -1}});
+      draft_cached_.clear();
+      anchor_ = 0;
+    }
+    kill_lower();
+    rolling_.clear();
+    if (middle_ == kRetrieval) stale_view_ = true;
+    return true;
+  }
+
   void abandon() override {
     for (uint64_t* r : {&awaited_full_step_, &awaited_middle_, &awaited_top_})
       if (*r) h_.cancel(kTargetRole, {std::exchange(*r, 0)});
@@ -111,6 +132,7 @@ class TriForce final : public Strategy {
     awaited_full_step_ = 0;
     const auto row = rows_of(l, 1, h_.vocab(), run);
     if (middle_ == kRetrieval) {
+      stale_view_ = false;
       fresh_from_ = int32_t(full_cached_.size());
       h_.kv_ops(kTargetRole, {retrieval_view_op(kMiddleSeq, fresh_from_, chunk_, budget_)});
       if (built_) ++h_.metrics().cache_rebuilds;
@@ -147,22 +169,25 @@ class TriForce final : public Strategy {
   }
 
   // Moves whichever level can: the top level verifies once the lower levels hold gamma2
-  // tokens it has not seen; meanwhile the lower levels keep proposing, up to gamma2 tokens
-  // past what the top level is verifying.
+  // tokens it has not seen (or every token up to the end of the context); meanwhile the lower
+  // levels keep proposing, up to gamma2 tokens past what the top level is verifying. No level
+  // runs a position past the context: near its end the proposals get shorter, and a top-level
+  // run verifies at most the chain's tokens before it.
   void step() {
-    const size_t n = h_.tokens().size();
+    const size_t n = h_.tokens().size(), end = size_t(h_.n_ctx());
     const bool lower_busy = awaited_draft_ || awaited_middle_;
     if (!lower_busy && chain_.size() < n) forget_lower();  // it fell behind: start it from the accepted tokens
-    if (!awaited_top_ && chain_.size() >= n + size_t(gamma2_)) verify_top();
+    if (!awaited_top_ && chain_.size() >= std::min(n + size_t(gamma2_), end)) verify_top();
     const size_t seen = n + sent_.size();
-    const size_t unsent = chain_.size() > seen ? chain_.size() - seen : 0;
+    const size_t unsent = std::min(chain_.size(), end) > seen ? std::min(chain_.size(), end) - seen : 0;
     if (lower_busy) return;
     // The middle level's fresh entries must leave chunk 0 (the sink) alone.
-    const bool room = fits(chain_.size() + size_t(gamma1_));
+    const bool sink_safe = fits(chain_.size() + size_t(gamma1_));
+    const bool room = sink_safe && chain_.size() < end;
     if (awaited_top_) {
       if (unsent >= size_t(gamma2_) || !room) return;  // enough ahead: wait for the verdict
     } else if (!room) {
-      if (unsent > 0) return verify_top();
+      if (unsent > 0 || sink_safe) return verify_top();  // at the context's end: what there is, or a plain step
       kill_lower();
       return full_step();
     }
@@ -178,6 +203,7 @@ class TriForce final : public Strategy {
 
   bool rebuild_due() const {
     if (middle_ != kRetrieval) return false;
+    if (stale_view_) return true;
     const int32_t n = int32_t(h_.tokens().size());
     // The highest position a round's middle level queries is about n + gamma2 + gamma1.
     if (!fits(size_t(n + gamma1_ + gamma2_))) return true;
@@ -279,7 +305,8 @@ class TriForce final : public Strategy {
       return step();
     }
     if (middle_ == kNoMiddle) return step();
-    if (int(drafts_.size()) < gamma1_) return draft_next();
+    // The middle level's run holds the drafts at positions chain_.size() onwards.
+    if (int(drafts_.size()) < gamma1_ && chain_.size() + drafts_.size() < size_t(h_.n_ctx())) return draft_next();
     middle_run(drafts_);
   }
 
@@ -341,10 +368,11 @@ class TriForce final : public Strategy {
 
   // --- the top level ----------------------------------------------------------------------
 
-  // Verifies every chain token past the accepted ones in one run of the full cache.
+  // Verifies every chain token past the accepted ones, up to the end of the context, in one
+  // run of the full cache.
   void verify_top() {
     const size_t n = h_.tokens().size();
-    sent_.assign(chain_.begin() + ptrdiff_t(n), chain_.end());
+    sent_.assign(chain_.begin() + ptrdiff_t(n), chain_.begin() + ptrdiff_t(std::max(n, std::min(chain_.size(), size_t(h_.n_ctx())))));
     std::vector<int32_t> pending = sync_cache(h_, kTargetRole, full_cached_, h_.tokens());
     pending.insert(pending.end(), sent_.begin(), sent_.end());
     awaited_top_ = feed(h_, kTargetRole, full_cached_, pending, sent_.size() + 1);
@@ -366,11 +394,13 @@ class TriForce final : public Strategy {
       for (size_t i = 0; i <= k; ++i) p.push_back(h_.sampler().distribution(rows.data() + i * V, V));
       v = verify_stochastic(sent_, p, std::span(chain_q_).subspan(n - q_from_, k), h_.sampler());
     }
-    SpecMetrics& m = h_.metrics();
-    m.drafted += int64_t(k);
-    m.verified(v.accepted);
-    rolling_.emplace_back(v.accepted, int64_t(k));
-    if (rolling_.size() > kRollingWindow) rolling_.pop_front();
+    if (k > 0) {  // not a plain step at the context's end
+      SpecMetrics& m = h_.metrics();
+      m.drafted += int64_t(k);
+      m.verified(v.accepted);
+      rolling_.emplace_back(v.accepted, int64_t(k));
+      if (rolling_.size() > kRollingWindow) rolling_.pop_front();
+    }
     const std::vector<int32_t> sent = std::exchange(sent_, {});
     for (int i = 0; i < v.accepted; ++i)
       if (!h_.accept(sent[size_t(i)])) return;
@@ -400,6 +430,7 @@ class TriForce final : public Strategy {
   size_t anchor_ = 0;                  // first token of the draft's recent window
   int32_t fresh_from_ = 0;             // the retrieval cache was built over positions before it
   bool built_ = false;
+  bool stale_view_ = false;            // a context shift moved the retrieval cache's entries
   int32_t middle_pos_ = 0;             // position of the first draft in the awaited middle run
   uint64_t mid_epoch_ = 0;             // counts resets of sequence 1
   uint64_t middle_epoch_ = 0;          // the reset the awaited middle run saw
@@ -470,6 +501,12 @@ StrategyInfo strategy_info_triforce() {
                                         n(setup.n_ctx) + " tokens");
     if (p.integer("middle") == kNoMiddle && !p.flag("use_draft"))
       throw ParamConflict("use_draft", "middle = 0 (no middle level) needs the draft: nothing would propose");
+  };
+  // The middle level's rows in sequence 1 sit at positions the full cache's verification also
+  // holds: at most the tokens one top-level run verifies (gamma2 + gamma1) and the chain's
+  // newest, plus one. Without a middle level the full cache alone holds a chain.
+  s.spare_cells = [](const StrategyParams& p, const std::set<std::string>&) {
+    return p.integer("middle") == kNoMiddle ? 0 : p.integer("gamma1") + p.integer("gamma2") + 2;
   };
   s.make = [](StrategyHost& h) -> std::unique_ptr<Strategy> { return std::make_unique<TriForce>(h); };
   return s;
