@@ -5,7 +5,7 @@ set -euo pipefail
 pkgs=("$@")
 [ ${#pkgs[@]} -gt 0 ] || pkgs=(build-essential cmake ninja-build pkg-config
       libcaf-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libspdlog-dev
-      libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libicu-dev libcpp-httplib-dev
+      libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libicu-dev libcpp-httplib-dev libjemalloc-dev
       libgtest-dev libbenchmark-dev ccache
       chromium)  # the chat page's test in headless Chromium (tests/web)
 # Node.js and npm for the tests from real clients (tests/web); a machine may have them from

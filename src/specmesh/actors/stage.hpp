@@ -4,16 +4,14 @@
 // hidden states after chosen layers to whichever node consumes them.
 #pragma once
 
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <unordered_set>
 
 #include <caf/actor.hpp>
 #include <caf/atom.hpp>
 
 #include "specmesh/actors/admission.hpp"
+#include "specmesh/actors/cancel_set.hpp"
 #include "specmesh/log/rate_limited.hpp"
 #include "specmesh/transport/router.hpp"
 #include "specmesh/model/context.hpp"
@@ -24,32 +22,6 @@ class event_based_actor;
 }
 
 namespace specmesh {
-
-// Run ids whose work should be dropped; shared by a stage actor (writer, on the priority
-// path) and its device jobs (readers, between layers).
-class CancelSet {
- public:
-  void add(uint64_t run) {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (!ids_.insert(run).second) return;
-    order_.push_back(run);
-    // Bounded: ids are never reused, and a cancel older than this many others is long moot.
-    if (order_.size() > kKeep) {
-      ids_.erase(order_.front());
-      order_.pop_front();
-    }
-  }
-  bool contains(uint64_t run) const {
-    std::lock_guard<std::mutex> lk(mu_);
-    return ids_.count(run) != 0;
-  }
-
- private:
-  static constexpr size_t kKeep = 4096;
-  mutable std::mutex mu_;
-  std::unordered_set<uint64_t> ids_;
-  std::deque<uint64_t> order_;
-};
 
 struct StageConfig {
   std::string pipeline;             // the model this stage belongs to
