@@ -193,6 +193,13 @@ class FakeHost final : public StrategyHost {
   std::map<std::string, int> peak_cells_;
 };
 
+// Parameters `base` with `more` laid over them.
+inline std::map<std::string, ParamValue> with(std::map<std::string, ParamValue> base,
+                                              const std::map<std::string, ParamValue>& more) {
+  for (const auto& [k, v] : more) base[k] = v;
+  return base;
+}
+
 // The scripted setup the strategy tests share: a 32-token vocabulary, a short prompt, a target
 // whose next token hashes what it has seen, and the draft's role name.
 namespace scripted {

@@ -42,11 +42,6 @@ Oracle hashed_draft(float agree, float conf, uint64_t salt) {
 const std::map<std::string, ParamValue> kTriForce = {{"budget", 8}, {"chunk", 2}, {"gamma1", 2}, {"gamma2", 2},
                                                      {"sink", 2},   {"window", 6}, {"rebuild_every", 0}};
 
-std::map<std::string, ParamValue> with(std::map<std::string, ParamValue> base, const std::map<std::string, ParamValue>& more) {
-  for (const auto& [k, v] : more) base[k] = v;
-  return base;
-}
-
 struct Case {
   std::string strategy;
   std::map<std::string, ParamValue> params;

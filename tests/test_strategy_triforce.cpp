@@ -31,11 +31,6 @@ const NextToken kTarget = history_hash(kVocab);
 const std::map<std::string, ParamValue> kSmall = {{"budget", 16}, {"chunk", 4}, {"gamma1", 2}, {"gamma2", 3},
                                                   {"sink", 4},    {"window", 12}, {"rebuild_every", 0}};
 
-std::map<std::string, ParamValue> with(std::map<std::string, ParamValue> base, const std::map<std::string, ParamValue>& more) {
-  for (const auto& [k, v] : more) base[k] = v;
-  return base;
-}
-
 FakeHost make_host(const NextToken& draft, int n_predict, FakeHostOptions o = {}) {
   o.vocab = kVocab;
   o.n_predict = n_predict;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -122,6 +123,8 @@ struct Topology {
 
   // Every role and its model: "target", "draft" when set, then run.roles.
   std::map<std::string, std::string> role_models() const;
+  // The roles of role_models().
+  std::set<std::string> roles() const;
   // The key that names a role's model: run.model, run.draft or run.roles.NAME.
   static std::string role_key(const std::string& role);
   // Throws ConfigError "file:line: key: what", with the line of `key` (or of its table) when

@@ -126,9 +126,7 @@ void settle(HeadState& st) {
     SessionPtr s = st.queue.front();
     const StrategyInfo& info = s->strategy ? *s->strategy : *st.cfg.strategy;
     const StrategyParams& params = s->strategy ? s->params : st.cfg.params;
-    std::set<std::string> roles;
-    for (const auto& [role, p] : st.cfg.pipelines) roles.insert(role);
-    const auto seqs = free_seqs(st.seqs_used, info.sequences_for(params, roles));
+    const auto seqs = free_seqs(st.seqs_used, info.sequences_for(params, st.cfg.roles()));
     if (!seqs) break;  // waits for a session to end
     st.queue.pop_front();
     auto r = std::make_unique<Running>();

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,11 @@ struct HeadConfig {
   const StrategyInfo* strategy = nullptr;
   StrategyParams params;
   std::map<std::string, PipelineRef> pipelines;  // by role; "target" always
+  std::set<std::string> roles() const {
+    std::set<std::string> out;
+    for (const auto& [role, p] : pipelines) out.insert(role);
+    return out;
+  }
   std::shared_ptr<Router> router;
   SamplingParams sampling;
   int n_predict = 128;

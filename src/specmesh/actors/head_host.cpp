@@ -1,7 +1,6 @@
 #include "specmesh/actors/head_host.hpp"
 
 #include <algorithm>
-#include <set>
 #include <stdexcept>
 
 #include "specmesh/actors/stage.hpp"
@@ -35,9 +34,7 @@ HeadHost::HeadHost(const HeadConfig& cfg, SessionPtr session, RunIds& ids, const
   m.target = cfg.target().model_name;
   auto draft = cfg.pipelines.find("draft");
   if (draft != cfg.pipelines.end()) m.draft = draft->second.model_name;
-  std::set<std::string> roles;
-  for (const auto& [role, p] : cfg.pipelines) roles.insert(role);
-  const int spare = strategy.spare_cells_for(params_, roles);
+  const int spare = strategy.spare_cells_for(params_, cfg.roles());
   n_ctx_ = cfg.session_ctx - spare;
   if (n_ctx_ < 2)
     throw std::invalid_argument("strategy \"" + strategy.name + "\" with these parameters may hold " + std::to_string(spare) +

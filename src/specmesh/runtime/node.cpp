@@ -318,7 +318,7 @@ HeadConfig head_config(const Topology& topo, ModelCache& models, std::shared_ptr
   // Checked again now that the context size is known (the model's own when n_ctx is 0).
   if (hc.strategy->check) {
     SetupFacts facts{context_size(*models.get(topo.models.at(run.model)), run.n_ctx), {}};
-    for (const auto& [role, model] : topo.role_models()) facts.roles.insert(role);
+    facts.roles = topo.roles();
     try {
       hc.strategy->check(hc.params, facts);
     } catch (const ParamConflict& c) {

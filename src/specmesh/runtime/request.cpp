@@ -9,8 +9,7 @@ RequestStrategy request_strategy(const Topology& topo, int n_ctx, const Generati
   if (request.strategy.empty() && request.params.empty()) return {};
   const StrategyInfo& configured = strategy(topo.run.strategy);
   const StrategyInfo& info = request.strategy.empty() ? configured : strategy(request.strategy);
-  std::set<std::string> roles;
-  for (const auto& [role, model] : topo.role_models()) roles.insert(role);
+  const std::set<std::string> roles = topo.roles();
   // A device pair is built for one strategy: the stages of the pair cannot run another's runs.
   if (info.pair_role != configured.pair_role)
     throw std::invalid_argument(

@@ -209,9 +209,7 @@ int Runtime::session_context(const GenerationRequest& request) const {
     rs.info = &strategy(topo.run.strategy);
     rs.params = rs.info->resolve(topo.run.params);
   }
-  std::set<std::string> roles;
-  for (const auto& [role, model] : topo.role_models()) roles.insert(role);
-  return session_context() - rs.info->spare_cells_for(rs.params, roles);
+  return session_context() - rs.info->spare_cells_for(rs.params, topo.roles());
 }
 
 RuntimeStatus Runtime::status() const {

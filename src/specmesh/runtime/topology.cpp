@@ -361,6 +361,12 @@ std::map<std::string, std::string> Topology::role_models() const {
   return out;
 }
 
+std::set<std::string> Topology::roles() const {
+  std::set<std::string> out;
+  for (const auto& [role, model] : role_models()) out.insert(role);
+  return out;
+}
+
 void Topology::fail(const std::string& key, const std::string& what) const {
   auto it = lines.find(key);
   if (it == lines.end()) it = lines.find(key.substr(0, key.rfind('.')));

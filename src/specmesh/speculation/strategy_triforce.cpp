@@ -179,7 +179,7 @@ class TriForce final : public Strategy {
     if (!lower_busy && chain_.size() < n) forget_lower();  // it fell behind: start it from the accepted tokens
     if (!awaited_top_ && chain_.size() >= std::min(n + size_t(gamma2_), end)) verify_top();
     const size_t seen = n + sent_.size();
-    const size_t unsent = std::min(chain_.size(), end) > seen ? std::min(chain_.size(), end) - seen : 0;
+    const size_t unsent = verifiable() > seen ? verifiable() - seen : 0;
     if (lower_busy) return;
     // The middle level's fresh entries must leave chunk 0 (the sink) alone.
     const bool sink_safe = fits(chain_.size() + size_t(gamma1_));
@@ -194,6 +194,9 @@ class TriForce final : public Strategy {
     if (use_draft_) return draft_next();
     middle_run({});
   }
+
+  // The chain's tokens a top-level run may verify: those before the end of the context.
+  size_t verifiable() const { return std::min(chain_.size(), size_t(h_.n_ctx())); }
 
   // Whether the middle level's entries up to position `last` leave chunk 0 (the sink) alone:
   // the retrieval view's fresh entries, from fresh_from_ on, overwrite the others.
@@ -372,7 +375,7 @@ class TriForce final : public Strategy {
   // run of the full cache.
   void verify_top() {
     const size_t n = h_.tokens().size();
-    sent_.assign(chain_.begin() + ptrdiff_t(n), chain_.begin() + ptrdiff_t(std::max(n, std::min(chain_.size(), size_t(h_.n_ctx())))));
+    sent_.assign(chain_.begin() + ptrdiff_t(n), chain_.begin() + ptrdiff_t(std::max(n, verifiable())));
     std::vector<int32_t> pending = sync_cache(h_, kTargetRole, full_cached_, h_.tokens());
     pending.insert(pending.end(), sent_.begin(), sent_.end());
     awaited_top_ = feed(h_, kTargetRole, full_cached_, pending, sent_.size() + 1);
