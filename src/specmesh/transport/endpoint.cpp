@@ -1,13 +1,18 @@
 #include "specmesh/transport/endpoint.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <random>
 #include <set>
@@ -47,6 +52,37 @@ bool tcp_taken(const std::string& host, int port) {
   const bool taken = ::bind(s, reinterpret_cast<sockaddr*>(&addr), len) != 0 && errno == EADDRINUSE;
   ::close(s);
   return taken;
+}
+
+// A port drawn by free_port_range stays free until its caller's listener binds it, which may
+// be a second later in another process (a spawned node). Other processes drawing ports in that
+// time (concurrent tests, a second `specmesh run --spawn`) cannot see it bound yet, so each
+// drawn port is leased for kLeaseSeconds through a file per port under the temp directory:
+// the lease is taken under flock (atomic between processes) by writing the file, and a file
+// older than the lease is free again. No descriptor is held and nothing needs cleaning up.
+// Where the directory cannot be used the lease is skipped and only the bind probe remains.
+constexpr int kLeaseSeconds = 120;
+
+std::string lease_dir() {
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string dir = std::string(tmp && *tmp ? tmp : "/tmp") + "/specmesh-ports-" + std::to_string(::getuid());
+  ::mkdir(dir.c_str(), 0700);
+  return dir;
+}
+
+bool lease_port(const std::string& dir, int port) {
+  const std::string path = dir + "/" + std::to_string(port);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return true;
+  bool taken = false;
+  if (::flock(fd, LOCK_EX) == 0) {
+    struct stat st{};
+    taken = ::fstat(fd, &st) == 0 && st.st_size > 0 && std::time(nullptr) - st.st_mtime < kLeaseSeconds;
+    const char one = '1';
+    if (!taken && ::pwrite(fd, &one, 1, 0) == 1) ::futimens(fd, nullptr);  // ours from now on
+  }
+  ::close(fd);  // releases the flock
+  return !taken;
 }
 
 // Whether something accepts connections on the socket file (ZeroMQ would unlink it and bind
@@ -108,11 +144,13 @@ int free_port_range(int count) {
   static std::mutex mu;
   static std::set<int> handed_out;
   std::lock_guard<std::mutex> lock(mu);
+  static const std::string dir = lease_dir();
   std::random_device rd;
   for (int attempt = 0; attempt < 200; ++attempt) {
     const int port = 10000 + int(rd() % uint32_t(22000 - count));
     bool ok = true;
     for (int p = port; ok && p < port + count; ++p) ok = !handed_out.count(p) && !tcp_taken("127.0.0.1", p);
+    for (int p = port; ok && p < port + count; ++p) ok = lease_port(dir, p);
     if (!ok) continue;
     for (int p = port; p < port + count; ++p) handed_out.insert(p);
     return port;

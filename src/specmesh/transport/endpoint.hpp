@@ -28,7 +28,9 @@ std::string endpoint_in_use(const std::string& endpoint);
 // below the kernel's ephemeral range (32768 and up on Linux): a port the kernel hands out can
 // be taken again, between this check and the bind, as the local port of any outgoing
 // connection. A port this process handed out before is never handed out again (it is free
-// until its caller binds it, and several endpoints are usually drawn before any is bound).
+// until its caller binds it, and several endpoints are usually drawn before any is bound),
+// and for two minutes no other process of this user draws it either (a lease file per port
+// in $TMPDIR/specmesh-ports-<uid>), so concurrent launches do not pick the same free port.
 // Throws std::runtime_error when no such range turns up.
 int free_port_range(int count);
 
