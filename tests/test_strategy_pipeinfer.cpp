@@ -464,6 +464,13 @@ TEST(StrategyPipeInfer, PipeInferMatchesGreedyAndKeepsItsInvariantsInAnyDelivery
     ASSERT_TRUE(h.errors().empty()) << h.errors().front();
     if (!cancel) ASSERT_TRUE(cancels_while_generating(h).empty());
     for (const LaunchRecord* r : h.launches(kTargetRole)) trees += std::popcount(seqs_of(r->batch)) > 1;
+    // Draft work survives changes of the accepted tokens: an answer the draft computed for a
+    // branch that lives on is used, never computed again. Computing it again starts by
+    // removing the branch's last draft cell (to feed its token once more).
+    int refed = 0;
+    for (const Event& e : h.events(EventKind::kv_ops, kDraft))
+      for (const KvOp& op : e.ops) refed += op.kind == KvOpKind::remove && op.pos_begin >= 0;
+    EXPECT_EQ(refed, 0) << "draft answers computed twice";
   }
   EXPECT_GT(trees, 100) << "the trials must exercise runs with several branches";
 }

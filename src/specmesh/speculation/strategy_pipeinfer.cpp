@@ -351,7 +351,10 @@ class PipeInfer final : public Strategy {
   // in front of the target's stages is then shorter: an alternative's rows come back sooner
   // after the main branch's miss, and branches are chosen on fresher results.
   void pump() {
-    if (c_.done() || drafting_ || branches_.empty()) return;
+    // A draft run still in flight from a round the accepted tokens made stale holds answers
+    // for branches that may live on (on_draft keeps them): wait for it rather than feed the
+    // draft the same tokens again behind it.
+    if (c_.done() || drafting_ || awaited_run_ != 0 || branches_.empty()) return;
     const Branch& main = branches_.front();
     size_t tokens = 0;
     for (const RunInfo& r : inflight_) tokens += r.rows.size();
@@ -424,11 +427,21 @@ class PipeInfer final : public Strategy {
 
   void on_draft(uint64_t run, const Logits& l) {
     if (run != awaited_run_) return;
-    if (!drafting_) return pump();  // the accepted tokens moved on while the draft worked
+    awaited_run_ = 0;
     const int V = c_.vocab();
     const std::vector<float> rows = rows_of(l, step_.size(), V, run);
-    for (size_t k = 0; k < step_.size(); ++k)
-      if (Branch* b = find(step_[k].first); b && b->path.size() == step_[k].second) take(*b, rows.data() + k * size_t(V));
+    for (size_t k = 0; k < step_.size(); ++k) {
+      Branch* b = find(step_[k].first);
+      if (!b || b->path.size() != step_[k].second) continue;
+      const float* row = rows.data() + k * size_t(V);
+      if (drafting_) {
+        take(*b, row);
+      } else {  // the accepted tokens moved on while the draft worked: its answer for a branch
+        b->next.assign(row, row + V);  // still alive is kept for the next round
+        b->next_for = b->path.size();
+      }
+    }
+    if (!drafting_) return pump();
     branch_off();
     draft_step();
   }
@@ -603,7 +616,7 @@ class PipeInfer final : public Strategy {
   bool drafting_ = false;
   uint64_t round_main_ = 0;
   std::vector<std::pair<uint64_t, size_t>> step_;
-  uint64_t awaited_run_ = 0;
+  uint64_t awaited_run_ = 0;  // the draft run in flight (0: none)
   int accepting_src_ = 0;  // verify(): live_seq of the row whose token is being accepted
   int shifts_ = 0;         // context shifts so far
   float cut_;
