@@ -641,12 +641,12 @@ StrategyInfo strategy_info_pipeinfer() {
   s.roles = {kTargetRole, kDraftRole};
   s.params = {
       {"max_micro_batch", ParamType::Int, 1, 16, 4, "draft tokens per speculative run (per branch)", {"--micro-batch"}},
-      {"max_runs", ParamType::Int, 1, 30, 4, "target runs in flight", {"--max-runs", "--np"}},
+      {"max_runs", ParamType::Int, 1, 30, 4, "target runs in flight", {"--max-runs"}},
       {"p_accept", ParamType::Float, 0, 1, 0.5, "base draft confidence cutoff", {"--p-accept", "--pa"}},
       {"p_recovery", ParamType::Float, 0, 1, 0.05, "cutoff increase per speculative run in a burst", {"--p-recovery", "--pr"}},
       {"p_decay", ParamType::Float, 0, 1, 0.05, "cutoff decrease when speculation yields nothing", {"--p-decay", "--pd"}},
       {"cancel", ParamType::Bool, 0, 1, 1, "cancel invalid and superfluous runs early", {"--no-cancel"}},
-      {"n_parallel", ParamType::Int, 1, 8, 1, "most speculative branches alive at once (1: a chain)", {"--n-parallel"}},
+      {"n_parallel", ParamType::Int, 1, 8, 1, "most speculative branches alive at once (1: a chain; the artifact's -np, its parallel drafting sequences)", {"--n-parallel", "--np"}},
       {"p_split", ParamType::Float, 0, 1, 0.8, "draft probability (plus the cutoff's adjustment) a non-top candidate needs to become a branch", {"--p-split", "--ps"}},
   };
   s.make = [](StrategyHost& h) { return std::make_unique<PipeInfer>(h); };
