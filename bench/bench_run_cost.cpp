@@ -24,6 +24,7 @@
 #include "specmesh/model/context.hpp"
 #include "specmesh/model/model.hpp"
 #include "specmesh/runtime.hpp"
+#include "specmesh/speculation/registry.hpp"
 #include "specmesh/tokenizer/tokenizer.hpp"
 #include "specmesh/topology.hpp"
 
@@ -87,13 +88,14 @@ int main(int argc, char** argv) {
   }
   const int32_t depth = int32_t(ids.size());
   Runtime rt(Topology::single_process({"target", path}, {}, threads));
+  const std::string plain = default_strategy({kTargetRole}).name;  // plain decoding
 
   std::vector<std::vector<double>> k_ms(ks.size());
   std::vector<double> direct_ms, runtime_ms;
   for (int round = 0; round < rounds; ++round) {
     for (size_t i = 0; i < ks.size(); ++i) k_ms[i].push_back(forward_ms(ctx, ids, depth, ks[i], reps));
     direct_ms.push_back(forward_ms(ctx, ids, depth, 1, reps));
-    const GenerationResult r = rt.generate({.prompt = prompt, .n_predict = tokens, .ignore_eos = true, .parse_special = false, .strategy = "ar"});
+    const GenerationResult r = rt.generate({.prompt = prompt, .n_predict = tokens, .ignore_eos = true, .parse_special = false, .strategy = plain});
     if (!r.ok()) {
       std::fprintf(stderr, "runtime: %s\n", r.error.c_str());
       return 1;
