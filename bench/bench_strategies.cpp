@@ -71,9 +71,14 @@ struct Measured {
   std::vector<std::vector<int32_t>> ids;  // per prompt
 };
 
-// --tune's grid, per parameter, for the strategies that take it.
-const std::map<std::string, std::vector<double>> kTuneGrid = {
-    {"n_draft", {2, 4, 6, 8}}, {"p_accept", {0.1, 0.3, 0.5}}, {"max_runs", {4, 8}}, {"max_micro_batch", {4, 8}}};
+// --tune's grid, per parameter, for the strategies that take it. pipeinfer's branches (1: a
+// chain, 3: the artifact's -np 3, with the p_split at which trees gain most on this cluster)
+// are part of its grid; spec's trees are not: none of 1,1,3,1 / 2,2,1,1,1,1 / 1,3,1,1,1,1,1,1
+// beat its best chain on any pair (0.77-0.98x; README), since the draft grows a tree level by
+// level.
+const std::map<std::string, std::vector<double>> kTuneGrid = {{"n_draft", {2, 4, 6, 8}},   {"p_accept", {0.1, 0.3, 0.5}},
+                                                              {"max_runs", {4, 8}},         {"max_micro_batch", {4, 8}},
+                                                              {"n_parallel", {1, 3}},       {"p_split", {0.5}}};
 
 std::string write_topology(const Options& o, const std::string& target, int n_layer, const std::string& draft,
                            const StrategyInfo& strategy, const Variant& variant) {
