@@ -219,6 +219,30 @@ TEST(StrategyPipeInfer, PipeInferCutoffDecaysWhenSpeculationWouldYieldNothing) {
   EXPECT_EQ(first_burst(0.35f, p), (std::vector<size_t>{1, 1, 1, 1}));
 }
 
+TEST(StrategyPipeInfer, PipeInferCutoffDecayEndsWhenTheTargetAcceptsADraftTokenWithDecayReset) {
+  // As above, the cutoff falls 0.5 -> 0.4 -> 0.3 over the first burst. The first speculative
+  // run's token is right: the cutoff is back at 0.5, so the next two runs carry one token
+  // each again (falling to 0.4, then 0.3) instead of a full micro-batch.
+  // Without decay_reset the cutoff stays at 0.3 and the next run is a full micro-batch.
+  for (bool reset : {true, false}) {
+    SCOPED_TRACE(reset ? "decay_reset" : "no decay_reset");
+    FakeHost h = make_host(greedy_oracle(kVocab, kTarget, 0.35f), 40);
+    h.start("pipeinfer", {{"max_micro_batch", 4}, {"max_runs", 5}, {"p_accept", 0.5}, {"p_recovery", 0}, {"p_decay", 0.1},
+                          {"decay_reset", reset}});
+    draft_all(h);
+    ASSERT_EQ(sizes(speculative_runs(h)), (std::vector<size_t>{1, 4, 4, 4}));
+    h.settle_next(kTargetRole);  // the prompt's run: no draft token in it
+    draft_all(h);
+    ASSERT_EQ(sizes(speculative_runs(h)), (std::vector<size_t>{1, 4, 4, 4, 4}));
+    h.settle_next(kTargetRole);  // the first speculative run: its draft token is accepted
+    draft_all(h);
+    EXPECT_EQ(sizes(speculative_runs(h)), (std::vector<size_t>{1, 4, 4, 4, 4, reset ? 1u : 4u}));
+    h.run_to_end(FakeHost::oldest_first());
+    EXPECT_EQ(h.generated(), greedy_continuation(kPrompt, kTarget, 40));
+    EXPECT_TRUE(h.errors().empty()) << h.errors().front();
+  }
+}
+
 TEST(StrategyPipeInfer, PipeInferLaunchesMicroBatchesOfMaxMicroBatchTokens) {
   for (int mb = 1; mb <= 4; ++mb) {
     SCOPED_TRACE("max_micro_batch " + std::to_string(mb));

@@ -248,6 +248,11 @@ class PipeInfer final : public Strategy {
     if (r.speculative) {
       mt.drafted += int64_t(r.rows.size());
       mt.verified(matched);
+      // With decay_reset, the draft being right again forgives its decay (the paper's §IV.B.2;
+      // the artifact's n_reject returns to 0 on any accepted token). Off by default: on the
+      // emulated cluster it costs pipeinfer@best 7-13 % (README), since a cutoff back at
+      // p_accept also raises the branch threshold and shortens micro-batches again.
+      if (matched > 0 && decay_reset_) cut_ = p_accept_;
     }
     if (gained == 0) ++mt.runs_wasted;
     if (c_.done()) return false;
@@ -603,6 +608,7 @@ class PipeInfer final : public Strategy {
   const float p_recovery_ = c_.params().real("p_recovery");
   const float p_decay_ = c_.params().real("p_decay");
   const bool cancel_ = c_.params().flag("cancel");
+  const bool decay_reset_ = c_.params().flag("decay_reset");
   const int n_parallel_ = c_.params().integer("n_parallel");
   const float p_split_ = c_.params().real("p_split");
   std::deque<RunInfo> inflight_;
@@ -645,6 +651,7 @@ StrategyInfo strategy_info_pipeinfer() {
       {"p_accept", ParamType::Float, 0, 1, 0.5, "base draft confidence cutoff", {"--p-accept", "--pa"}},
       {"p_recovery", ParamType::Float, 0, 1, 0.05, "cutoff increase per speculative run in a burst", {"--p-recovery", "--pr"}},
       {"p_decay", ParamType::Float, 0, 1, 0.05, "cutoff decrease when speculation yields nothing", {"--p-decay", "--pd"}},
+      {"decay_reset", ParamType::Bool, 0, 1, 0, "the cutoff's decay ends when the target accepts a draft token (the paper's rule)", {"--decay-reset"}},
       {"cancel", ParamType::Bool, 0, 1, 1, "cancel invalid and superfluous runs early", {"--no-cancel"}},
       {"n_parallel", ParamType::Int, 1, 8, 1, "most speculative branches alive at once (1: a chain; the artifact's -np, its parallel drafting sequences)", {"--n-parallel", "--np"}},
       {"p_split", ParamType::Float, 0, 1, 0.8, "draft probability (plus the cutoff's adjustment) a non-top candidate needs to become a branch", {"--p-split", "--ps"}},
