@@ -79,6 +79,7 @@ TEST(Examples, EveryTopologyParsesAndItsLayersResolve) {
                                                {"pipeline-3stage-standby.toml", 5},
                                                {"emulated-cluster.toml", 4},
                                                {"alspec-pair.toml", 3},
+                                               {"pipeinfer-artifact.toml", 4},
                                                {kDFlashExample, 3}};
   std::set<std::string> found;
   for (const auto& e : fs::directory_iterator(kExamples))
@@ -102,6 +103,15 @@ TEST(Examples, EveryTopologyParsesAndItsLayersResolve) {
     if (nodes.count(name)) EXPECT_EQ(t.nodes.size(), nodes.at(name));
     EXPECT_EQ(t.run.temperature, 0.0f) << "examples are greedy so their output can be checked";
   }
+
+  // The PipeInfer preset is the artifact's command line (-pa 0.001 -pr 0.4 -pd 0.01 -ps 0.8
+  // --draft 4 -np 3) with the artifact's decay rule.
+  const Topology artifact = Topology::load(kExamples + "pipeinfer-artifact.toml");
+  EXPECT_EQ(artifact.run.strategy, "pipeinfer");
+  const std::map<std::string, ParamValue> want = {{"p_accept", 0.001}, {"p_recovery", 0.4},  {"p_decay", 0.01},
+                                                  {"p_split", 0.8},    {"max_micro_batch", 4}, {"n_parallel", 3},
+                                                  {"decay_reset", 1},  {"cancel", 1}};
+  EXPECT_EQ(artifact.run.params, want);
 
   Topology cluster = Topology::load(kExamples + "emulated-cluster.toml");
   EXPECT_EQ(cluster.stages.size(), 4u);
@@ -149,7 +159,7 @@ TEST(Examples, EveryTopologyGeneratesTheTokensOfGenerate) {
   const nlohmann::json want = generate_reference(32);
   // alspec-pair: with these contexts under 2 x window keys every speculation is exact.
   for (const char* name : {"pipeline-2stage-ipc.toml", "pipeline-3stage-tcp.toml", "pipeline-3stage-standby.toml",
-                           "emulated-cluster.toml", "single-process.toml", "alspec-pair.toml"}) {
+                           "emulated-cluster.toml", "single-process.toml", "alspec-pair.toml", "pipeinfer-artifact.toml"}) {
     SCOPED_TRACE(name);
     auto r = shell(cli("run " + kExamples + name + " --spawn -p '" + kPrompt + "' -n 32 --json"));
     ASSERT_EQ(r.status, 0) << r.out;
