@@ -74,7 +74,7 @@ struct Measured {
 // --tune's grid, per parameter, for the strategies that take it. pipeinfer's branches (1: a
 // chain, 3: the artifact's -np 3, with the p_split at which trees gain most on this cluster)
 // are part of its grid; spec's trees are not: none of 1,1,3,1 / 2,2,1,1,1,1 / 1,3,1,1,1,1,1,1
-// beat its best chain on any pair (0.77-0.98x; README), since the draft grows a tree level by
+// beat its best chain on any pair (0.78-0.97x; README), since the draft grows a tree level by
 // level.
 const std::map<std::string, std::vector<double>> kTuneGrid = {{"n_draft", {2, 4, 6, 8}},   {"p_accept", {0.1, 0.3, 0.5}},
                                                               {"max_runs", {4, 8}},         {"max_micro_batch", {4, 8}},

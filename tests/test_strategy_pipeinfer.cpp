@@ -221,9 +221,9 @@ TEST(StrategyPipeInfer, PipeInferCutoffDecaysWhenSpeculationWouldYieldNothing) {
 
 TEST(StrategyPipeInfer, PipeInferCutoffDecayEndsWhenTheTargetAcceptsADraftTokenWithDecayReset) {
   // As above, the cutoff falls 0.5 -> 0.4 -> 0.3 over the first burst. The first speculative
-  // run's token is right: the cutoff is back at 0.5, so the next two runs carry one token
-  // each again (falling to 0.4, then 0.3) instead of a full micro-batch.
-  // Without decay_reset the cutoff stays at 0.3 and the next run is a full micro-batch.
+  // run's token is right: with decay_reset the cutoff is back at 0.5, so the next run carries
+  // one token again (and the cutoff falls anew); without it the cutoff stays at 0.3 and the
+  // next run is a full micro-batch.
   for (bool reset : {true, false}) {
     SCOPED_TRACE(reset ? "decay_reset" : "no decay_reset");
     FakeHost h = make_host(greedy_oracle(kVocab, kTarget, 0.35f), 40);

@@ -38,6 +38,10 @@
 // differences: the artifact caps a whole run at n_draft tokens, this caps each branch's part;
 // and it branches only at the draft's frontier.
 //
+// Draft work survives changes of the accepted tokens: a branch that agrees with them keeps its
+// drafted tokens and the draft's cells, and a draft run whose round went stale is awaited, not
+// repeated: its answers for the branches still alive start the next round.
+//
 // Verification walks the run's rows in any order: the row at the newest accepted position
 // whose path agrees with the accepted tokens yields the next token (greedy, or PipeInfer's
 // sample-and-match at temperature > 0: the target samples from that row, and the walk goes on
@@ -441,8 +445,10 @@ class PipeInfer final : public Strategy {
       const float* row = rows.data() + k * size_t(V);
       if (drafting_) {
         take(*b, row);
-      } else {  // the accepted tokens moved on while the draft worked: its answer for a branch
-        b->next.assign(row, row + V);  // still alive is kept for the next round
+      } else {
+        // The accepted tokens moved on while the draft worked: its answer for a branch that is
+        // still alive is kept for the next round.
+        b->next.assign(row, row + V);
         b->next_for = b->path.size();
       }
     }
