@@ -66,7 +66,7 @@ struct Variant {
 
 // What one variant measured over the prompts.
 struct Measured {
-  double tps = 0, ttft = 0, acceptance = 0, tokens_per_ver = 0, tree = 0, deepest = 0, cancelled = 0;
+  double tps = 0, ttft = 0, prefill = 0, paper_ttft = 0, acceptance = 0, tokens_per_ver = 0, tree = 0, deepest = 0, cancelled = 0;
   bool lossless = true;
   std::vector<std::vector<int32_t>> ids;  // per prompt
 };
@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
   // --csv appends to a table with the same columns (runs at several --stages make one file).
   const std::string header =
       "target,draft,strategy,stages,layer_ms,draft_layer_ms,tokens_per_s,ttft_ms,acceptance,tokens_per_verification,"
-      "tree_size,max_accepted_depth,runs_cancelled,lossless";
+      "tree_size,max_accepted_depth,runs_cancelled,lossless,prefill_ms,ttft_after_prefill_ms";
   std::FILE* csv = nullptr;
   if (!o.csv.empty()) {
     std::string first;
@@ -220,7 +220,7 @@ int main(int argc, char** argv) {
     // Runs a variant over the prompts; the first one run (plain decoding) is the reference.
     auto measure = [&](const Variant& variant) {
       Measured m;
-      double tokens = 0, seconds = 0, first = 0, accepted = 0, drafted = 0, verifs = 0;
+      double tokens = 0, seconds = 0, first = 0, prefill = 0, after = 0, accepted = 0, drafted = 0, verifs = 0;
       for (size_t i = 0; i < prompts.size(); ++i) {
         // Each request meets an idle cluster, as a user's would; fresh endpoint names, since
         // the previous runtime's inproc sockets may not be released yet.
@@ -232,6 +232,8 @@ int main(int argc, char** argv) {
         tokens += r.stats.generated_tokens - 1;
         seconds += (r.stats.total_ms - r.stats.ttft_ms) / 1000.0;
         first += r.stats.ttft_ms;
+        prefill += r.metrics.prefill_ms;
+        after += r.metrics.ttft_after_prefill_ms;
         accepted += r.metrics.accepted;
         drafted += r.metrics.drafted;
         verifs += r.metrics.verifications;
@@ -240,6 +242,8 @@ int main(int argc, char** argv) {
       }
       m.tps = tokens / seconds;
       m.ttft = first / prompts.size();
+      m.prefill = prefill / prompts.size();
+      m.paper_ttft = after / prompts.size();
       m.acceptance = drafted > 0 ? accepted / drafted : 0.0;
       m.tokens_per_ver = verifs > 0 ? (accepted + verifs) / verifs : 0.0;
       m.tree = verifs > 0 ? drafted / verifs : 0.0;  // draft tokens per verification (a chain's length, or a tree's nodes)
@@ -253,9 +257,9 @@ int main(int argc, char** argv) {
                   m.lossless ? "yes" : "NO", note.c_str());
       std::fflush(stdout);
       if (csv)
-        std::fprintf(csv, "%s,%s,%s,%d,%g,%g,%.3f,%.3f,%.4f,%.4f,%.4f,%.0f,%.0f,%s\n", target.c_str(), draft.c_str(),
+        std::fprintf(csv, "%s,%s,%s,%d,%g,%g,%.3f,%.3f,%.4f,%.4f,%.4f,%.0f,%.0f,%s,%.3f,%.3f\n", target.c_str(), draft.c_str(),
                      label.c_str(), o.stages, o.layer_ms, o.draft_layer_ms, m.tps, m.ttft, m.acceptance, m.tokens_per_ver,
-                     m.tree, m.deepest, m.cancelled, m.lossless ? "yes" : "no");
+                     m.tree, m.deepest, m.cancelled, m.lossless ? "yes" : "no", m.prefill, m.paper_ttft);
     };
     std::vector<std::string> labels;
     try {

@@ -76,6 +76,8 @@ SpecMetrics sample_metrics() {
   m.prompt_tokens = 17;
   m.generated_tokens = 128;
   m.ttft_ms = 12.345678901234567;
+  m.prefill_ms = 10.125;
+  m.ttft_after_prefill_ms = 4.0625;
   m.mean_itl_ms = 1.0 / 3.0;
   m.itl_p50_ms = 0.25;
   m.itl_p99_ms = 7.5;
@@ -119,14 +121,16 @@ void expect_row(const std::vector<std::string>& row, const SpecMetrics& m) {
   EXPECT_EQ(std::stoll(row[16]), m.runs_launched);
   EXPECT_EQ(std::stoll(row[17]), m.runs_cancelled);
   EXPECT_EQ(std::stoll(row[18]), m.runs_wasted);
-  EXPECT_EQ(std::strtod(row[row.size() - 6].c_str(), nullptr), m.itl_p50_ms);
-  EXPECT_EQ(std::strtod(row[row.size() - 5].c_str(), nullptr), m.itl_p99_ms);
-  EXPECT_EQ(std::stoll(row[row.size() - 4]), m.failovers);
-  EXPECT_EQ(std::stoll(row[row.size() - 2]), m.speculative_drafts);
-  EXPECT_EQ(std::stoll(row[row.size() - 1]), m.speculative_drafts_used);
+  EXPECT_EQ(std::strtod(row[row.size() - 8].c_str(), nullptr), m.itl_p50_ms);
+  EXPECT_EQ(std::strtod(row[row.size() - 7].c_str(), nullptr), m.itl_p99_ms);
+  EXPECT_EQ(std::stoll(row[row.size() - 6]), m.failovers);
+  EXPECT_EQ(std::stoll(row[row.size() - 4]), m.speculative_drafts);
+  EXPECT_EQ(std::stoll(row[row.size() - 3]), m.speculative_drafts_used);
+  EXPECT_EQ(std::strtod(row[row.size() - 2].c_str(), nullptr), m.prefill_ms);
+  EXPECT_EQ(std::strtod(row[row.size() - 1].c_str(), nullptr), m.ttft_after_prefill_ms);
   std::string hist;
   for (int64_t c : m.accepted_hist) hist += (hist.empty() ? "" : " ") + std::to_string(c);
-  EXPECT_EQ(row[row.size() - 3], hist);  // accepted_hist, one field ("0 2 0 1")
+  EXPECT_EQ(row[row.size() - 5], hist);  // accepted_hist, one field ("0 2 0 1")
   auto col = [&](const char* name) {
     const auto& cols = SpecMetrics::csv_columns();
     return row[size_t(std::find(cols.begin(), cols.end(), name) - cols.begin())];
@@ -239,6 +243,8 @@ TEST(SpecMetrics, JsonHasEveryColumn) {
   EXPECT_EQ(j["prompt_tokens"], m.prompt_tokens);
   EXPECT_EQ(j["generated_tokens"], m.generated_tokens);
   EXPECT_EQ(j["ttft_ms"], m.ttft_ms);
+  EXPECT_EQ(j["prefill_ms"], m.prefill_ms);
+  EXPECT_EQ(j["ttft_after_prefill_ms"], m.ttft_after_prefill_ms);
   EXPECT_EQ(j["mean_itl_ms"], m.mean_itl_ms);
   EXPECT_EQ(j["itl_p50_ms"], m.itl_p50_ms);
   EXPECT_EQ(j["itl_p99_ms"], m.itl_p99_ms);
@@ -296,6 +302,32 @@ TEST(TokenRecorder, LatencyFromAcceptanceTimes) {
   EXPECT_EQ(m.generated_tokens, 4);
   EXPECT_EQ(m.mean_itl_ms, 0.0);
   EXPECT_EQ(m.decode_tokens_per_s, 0.0);
+}
+
+// The prompt's logits at 20 ms; the token sampled from them at 50, the next ones at 80: the
+// PipeInfer paper's TTFT is 80 - 20 = 60 ms, ours (request to first token) 50.
+TEST(TokenRecorder, PrefillAndThePapersTimeToFirstToken) {
+  using namespace std::chrono_literals;
+  const auto t0 = TokenRecorder::Clock::now();
+  TokenRecorder rec(t0);
+  SpecMetrics m;
+  rec.fill(m);
+  EXPECT_EQ(m.prefill_ms, 0.0);  // not seen yet
+  rec.prompt_processed(t0 + 20ms);
+  rec.prompt_processed(t0 + 40ms);  // a failover's second prompt processing does not count
+  rec.accept(1, t0 + 50ms);
+  rec.fill(m);
+  EXPECT_DOUBLE_EQ(m.prefill_ms, 20.0);
+  EXPECT_EQ(m.ttft_after_prefill_ms, 0.0);  // one token: nothing after the sampled one yet
+  rec.accept(2, t0 + 80ms);
+  rec.fill(m);
+  EXPECT_DOUBLE_EQ(m.ttft_ms, 50.0);
+  EXPECT_DOUBLE_EQ(m.ttft_after_prefill_ms, 60.0);
+  rec.restart(t0 + 1s);
+  rec.accept(2, t0 + 1s + 5ms);
+  rec.fill(m);
+  EXPECT_EQ(m.prefill_ms, 0.0);
+  EXPECT_EQ(m.ttft_after_prefill_ms, 0.0);
 }
 
 TEST(TokenRecorder, DefaultsToTheSteadyClock) {

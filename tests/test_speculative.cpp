@@ -109,6 +109,13 @@ int64_t expect_lossless(const std::string& strategy, const std::string& transpor
             << strategy << " " << draft << (draft2.empty() ? "" : " + " + draft2) << " -> " << target << " over " << stages << " stages (" << transport << ", "
             << params << "), prompt '" << prompt << "'";
         cancelled += r.metrics.runs_cancelled;
+        // Every strategy's timings come through one code path: the prompt's logits arrive
+        // before the first token, and the paper's TTFT runs from them to the second.
+        const Metrics& m = r.metrics;
+        EXPECT_GT(m.prefill_ms, 0.0) << strategy;
+        EXPECT_LE(m.prefill_ms, m.ttft_ms) << strategy;
+        EXPECT_GT(m.ttft_after_prefill_ms, 0.0) << strategy;
+        EXPECT_GE(m.prefill_ms + m.ttft_after_prefill_ms, m.ttft_ms - 1e-9) << strategy;
       }
     }
   }

@@ -93,6 +93,10 @@ struct Metrics {
   int64_t prompt_tokens = 0;
   int64_t generated_tokens = 0;
   double ttft_ms = 0;              // start to the first generated token
+  double prefill_ms = 0;           // start to the prompt's logits at the head (0: not seen)
+  // The PipeInfer paper's time to first token: from the prompt's logits (the end of prompt
+  // processing) to the first token after the one sampled from them; 0 with fewer than two.
+  double ttft_after_prefill_ms = 0;
   double mean_itl_ms = 0;          // mean gap between consecutive generated tokens after the first
   double itl_p50_ms = 0;           // median of those gaps (0 when most tokens come in bursts)
   double itl_p99_ms = 0;           // their 99th percentile (nearest rank)

@@ -30,6 +30,8 @@ class TokenStream {
   // Ends the session and hands the result to the client (error empty: success, with `kind`
   // ignored); appends the metrics row to metrics_csv when set.
   void finish(std::string error = {}, ErrorKind kind = ErrorKind::internal);
+  // The target's logits for the prompt reached the head: prompt processing is over.
+  void prompt_processed() { clock_.prompt_processed(); }
   // The session's context in tokens, reported in the result.
   void set_context(int n_ctx) { result_.context = n_ctx; }
   // Drops tokens [n_keep, n_keep + n_discard) of the context (a context shift).

@@ -66,7 +66,8 @@ const std::vector<std::string>& SpecMetrics::csv_columns() {
       "tree_size", "accepted_depth", "max_accepted_depth",
       "runs_launched", "runs_cancelled", "runs_wasted", "attention_checks", "attention_hits", "attention_hit_rate",
       "overlap_saved_ms", "middle_drafted", "middle_accepted", "middle_acceptance_rate", "middle_verifications",
-      "middle_tokens_per_verification", "cache_rebuilds", "itl_p50_ms", "itl_p99_ms", "failovers", "accepted_hist", "speculative_drafts", "speculative_drafts_used"};
+      "middle_tokens_per_verification", "cache_rebuilds", "itl_p50_ms", "itl_p99_ms", "failovers", "accepted_hist", "speculative_drafts", "speculative_drafts_used",
+      "prefill_ms", "ttft_after_prefill_ms"};
   return cols;
 }
 
@@ -105,7 +106,9 @@ std::vector<std::string> SpecMetrics::csv_values() const {
           std::to_string(failovers),
           hist_text(accepted_hist),
           std::to_string(speculative_drafts),
-          std::to_string(speculative_drafts_used)};
+          std::to_string(speculative_drafts_used),
+          number(prefill_ms),
+          number(ttft_after_prefill_ms)};
 }
 
 nlohmann::json SpecMetrics::to_json() const {
@@ -115,6 +118,8 @@ nlohmann::json SpecMetrics::to_json() const {
           {"prompt_tokens", prompt_tokens},
           {"generated_tokens", generated_tokens},
           {"ttft_ms", ttft_ms},
+          {"prefill_ms", prefill_ms},
+          {"ttft_after_prefill_ms", ttft_after_prefill_ms},
           {"mean_itl_ms", mean_itl_ms},
           {"itl_p50_ms", itl_p50_ms},
           {"itl_p99_ms", itl_p99_ms},
@@ -176,6 +181,11 @@ void SpecMetrics::append_csv(const std::string& path) const {
 void TokenRecorder::restart(Clock::time_point start) {
   start_ = start;
   times_.clear();
+  prefill_end_.reset();
+}
+
+void TokenRecorder::prompt_processed(Clock::time_point t) {
+  if (!prefill_end_) prefill_end_ = std::max(t, start_);
 }
 
 void TokenRecorder::accept(int n, Clock::time_point t) {
@@ -189,6 +199,8 @@ void TokenRecorder::fill(SpecMetrics& m) const {
   const size_t n = times_.size();
   m.generated_tokens = int64_t(n);
   m.ttft_ms = n ? ms(times_.front() - start_) : 0.0;
+  m.prefill_ms = prefill_end_ ? ms(*prefill_end_ - start_) : 0.0;
+  m.ttft_after_prefill_ms = prefill_end_ && n >= 2 ? ms(std::max(times_[1], *prefill_end_) - *prefill_end_) : 0.0;
   m.mean_itl_ms = m.itl_p50_ms = m.itl_p99_ms = 0;
   m.decode_tokens_per_s = 0;
   if (n < 2) return;

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,13 +59,16 @@ class TokenRecorder {
   // n tokens became accepted at t. Throws std::invalid_argument when t is before the start or
   // before the previous tokens, or n is negative.
   void accept(int n = 1, Clock::time_point t = Clock::now());
+  // The prompt's logits reached the head at t (the end of prompt processing); only the first
+  // call counts (a failover processes the prompt again).
+  void prompt_processed(Clock::time_point t = Clock::now());
 
   int64_t tokens() const { return int64_t(times_.size()); }
   const std::vector<Clock::time_point>& times() const { return times_; }
   Clock::time_point start() const { return start_; }
 
-  // Sets generated_tokens, ttft_ms, the inter-token latencies (mean, p50, p99) and
-  // decode_tokens_per_s of m: the one definition every strategy's figures go through. With
+  // Sets generated_tokens, ttft_ms, prefill_ms, ttft_after_prefill_ms, the inter-token
+  // latencies (mean, p50, p99) and decode_tokens_per_s of m: the one definition every strategy's figures go through. With
   // fewer than two tokens the inter-token fields are 0, as is the rate when all tokens
   // arrived at once.
   void fill(SpecMetrics& m) const;
@@ -72,6 +76,7 @@ class TokenRecorder {
  private:
   Clock::time_point start_;
   std::vector<Clock::time_point> times_;
+  std::optional<Clock::time_point> prefill_end_;
 };
 
 }  // namespace specmesh
