@@ -68,9 +68,9 @@ class TokenRecorder {
   Clock::time_point start() const { return start_; }
 
   // Sets generated_tokens, ttft_ms, prefill_ms, ttft_after_prefill_ms, the inter-token
-  // latencies (mean, p50, p99) and decode_tokens_per_s of m: the one definition every strategy's figures go through. With
-  // fewer than two tokens the inter-token fields are 0, as is the rate when all tokens
-  // arrived at once.
+  // latencies (mean, p50, p99) and decode_tokens_per_s of m: the one definition every
+  // strategy's figures go through. With fewer than two tokens the inter-token fields are 0,
+  // as is the rate when all tokens arrived at once.
   void fill(SpecMetrics& m) const;
 
  private:
