@@ -10,6 +10,9 @@
 //
 //   bench_run_cost [--refdata DIR] [--target stories-target-1M] [--k 1,2,3,4,5,8]
 //                  [--tokens 128] [--rounds 5] [--reps 200] [--threads 1]
+//                  [--model FILE.gguf] [--depth N]
+// With --depth the forward passes run after N cached tokens (the prompt repeated), and the
+// runtime's overhead, measured after the short prompt, is left out.
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -57,10 +60,13 @@ int main(int argc, char** argv) {
   const char* env = std::getenv("SPECMESH_REFDATA");
   std::string refdata = env && *env ? env : "../shared/refdata", target = "stories-target-1M";
   std::vector<int> ks = {1, 2, 3, 4, 5, 8};
-  int tokens = 128, rounds = 5, reps = 200, threads = 1;
+  int tokens = 128, rounds = 5, reps = 200, threads = 1, depth = 0;
+  std::string model_path;
   CLI::App app{"What a target run costs on the real CPU: k tokens against 1, and the runtime's overhead per run"};
   app.add_option("--refdata", refdata, "reference data directory (or SPECMESH_REFDATA)")->capture_default_str();
   app.add_option("--target", target, "target model (a GGUF under refdata/gguf-models, without .gguf)")->capture_default_str();
+  app.add_option("--model", model_path, "a target GGUF by path instead (e.g. a long-context make-model)");
+  app.add_option("--depth", depth, "cached tokens before the forward passes (0: the prompt's)")->check(CLI::NonNegativeNumber);
   app.add_option("--k", ks, "tokens per forward pass to compare with 1")->delimiter(',')->check(CLI::Range(1, 64));
   app.add_option("--tokens", tokens, "tokens plain decoding generates through the runtime per round")
       ->check(CLI::Range(8, 400))->capture_default_str();
@@ -70,7 +76,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
-  const std::string path = refdata + "/gguf-models/" + target + ".gguf";
+  const std::string path = model_path.empty() ? refdata + "/gguf-models/" + target + ".gguf" : model_path;
   std::unique_ptr<Model> model;
   try {
     model = Model::load(path, "");
@@ -80,21 +86,23 @@ int main(int argc, char** argv) {
   }
   const std::string prompt = "Once upon a time";
   const std::vector<int32_t> ids = model->tokenizer().encode(prompt, true);
-  Context ctx(*model, {.n_threads = threads});
-  {
+  // The cache holds `depth` tokens (the prompt repeated), fed in chunks of 512.
+  const int32_t cached = std::max(int32_t(ids.size()), int32_t(depth));
+  Context ctx(*model, {.n_ctx = cached + 128, .n_threads = threads});
+  for (int32_t at = 0; at < cached;) {
     Batch b;
-    for (size_t i = 0; i < ids.size(); ++i) b.add(ids[i], int32_t(i), seq_bit(0), i + 1 == ids.size());
+    for (; at < cached && b.size() < 512; ++at) b.add(ids[size_t(at) % ids.size()], at, seq_bit(0), at + 1 == cached);
     ctx.forward(b);
   }
-  const int32_t depth = int32_t(ids.size());
   Runtime rt(Topology::single_process({"target", path}, {}, threads));
   const std::string plain = default_strategy({kTargetRole}).name;  // plain decoding
 
   std::vector<std::vector<double>> k_ms(ks.size());
   std::vector<double> direct_ms, runtime_ms;
   for (int round = 0; round < rounds; ++round) {
-    for (size_t i = 0; i < ks.size(); ++i) k_ms[i].push_back(forward_ms(ctx, ids, depth, ks[i], reps));
-    direct_ms.push_back(forward_ms(ctx, ids, depth, 1, reps));
+    for (size_t i = 0; i < ks.size(); ++i) k_ms[i].push_back(forward_ms(ctx, ids, cached, ks[i], reps));
+    direct_ms.push_back(forward_ms(ctx, ids, cached, 1, reps));
+    if (depth > 0) continue;  // the runtime's runs start after the short prompt: not comparable
     const GenerationResult r = rt.generate({.prompt = prompt, .n_predict = tokens, .ignore_eos = true, .parse_special = false, .strategy = plain});
     if (!r.ok()) {
       std::fprintf(stderr, "runtime: %s\n", r.error.c_str());
@@ -103,12 +111,14 @@ int main(int argc, char** argv) {
     // Decode time per token after the first (which includes the prompt's run).
     runtime_ms.push_back((r.stats.total_ms - r.stats.ttft_ms) / (r.stats.generated_tokens - 1));
   }
-  const double one = bench::median(direct_ms), per_run = bench::median(runtime_ms);
-  std::printf("# %s, %d thread(s), context depth %d, medians over %d rounds (%d forward passes each)\n", target.c_str(),
-              threads, depth, rounds, reps);
+  const double one = bench::median(direct_ms);
+  std::printf("# %s, %d thread(s), context depth %d, medians over %d rounds (%d forward passes each)\n", path.c_str(),
+              threads, cached, rounds, reps);
   std::printf("%-4s %12s %14s\n", "k", "forward us", "cost k / 1");
   for (size_t i = 0; i < ks.size(); ++i)
     std::printf("%-4d %12.1f %14.2f\n", ks[i], 1000 * bench::median(k_ms[i]), bench::median(k_ms[i]) / one);
+  if (runtime_ms.empty()) return 0;
+  const double per_run = bench::median(runtime_ms);
   std::printf("plain decoding through the runtime: %.1f us per token (%.0f tok/s); the forward of one token alone: %.1f us\n",
               1000 * per_run, 1000 / per_run, 1000 * one);
   std::printf("per-run overhead: %.1f us (%.2fx the forward pass)\n", 1000 * (per_run - one), (per_run - one) / one);
