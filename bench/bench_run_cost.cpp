@@ -19,12 +19,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "bench_util.hpp"
 #include "specmesh/model/batch.hpp"
 #include "specmesh/model/context.hpp"
+#include "specmesh/model/generate.hpp"
 #include "specmesh/model/model.hpp"
 #include "specmesh/runtime.hpp"
 #include "specmesh/speculation/registry.hpp"
@@ -89,12 +91,12 @@ int main(int argc, char** argv) {
   // The cache holds `depth` tokens (the prompt repeated), fed in chunks of 512.
   const int32_t cached = std::max(int32_t(ids.size()), int32_t(depth));
   Context ctx(*model, {.n_ctx = cached + 128, .n_threads = threads});
-  for (int32_t at = 0; at < cached;) {
-    Batch b;
-    for (; at < cached && b.size() < 512; ++at) b.add(ids[size_t(at) % ids.size()], at, seq_bit(0), at + 1 == cached);
-    ctx.forward(b);
-  }
-  Runtime rt(Topology::single_process({"target", path}, {}, threads));
+  std::vector<int32_t> fill(static_cast<size_t>(cached));
+  for (size_t i = 0; i < fill.size(); ++i) fill[i] = ids[i % ids.size()];
+  prefill(ctx, fill, 0, 512);
+  // Plain decoding through the runtime, after the short prompt: only without --depth.
+  std::unique_ptr<Runtime> rt;
+  if (depth == 0) rt = std::make_unique<Runtime>(Topology::single_process({"target", path}, {}, threads));
   const std::string plain = default_strategy({kTargetRole}).name;  // plain decoding
 
   std::vector<std::vector<double>> k_ms(ks.size());
@@ -102,8 +104,8 @@ int main(int argc, char** argv) {
   for (int round = 0; round < rounds; ++round) {
     for (size_t i = 0; i < ks.size(); ++i) k_ms[i].push_back(forward_ms(ctx, ids, cached, ks[i], reps));
     direct_ms.push_back(forward_ms(ctx, ids, cached, 1, reps));
-    if (depth > 0) continue;  // the runtime's runs start after the short prompt: not comparable
-    const GenerationResult r = rt.generate({.prompt = prompt, .n_predict = tokens, .ignore_eos = true, .parse_special = false, .strategy = plain});
+    if (!rt) continue;
+    const GenerationResult r = rt->generate({.prompt = prompt, .n_predict = tokens, .ignore_eos = true, .parse_special = false, .strategy = plain});
     if (!r.ok()) {
       std::fprintf(stderr, "runtime: %s\n", r.error.c_str());
       return 1;

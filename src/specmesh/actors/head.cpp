@@ -354,7 +354,7 @@ void handle(HeadState& st, const std::string& from, const Envelope& env) {
         for (RunMerger::Delivery& d : *parts)
           if (Running* r = running_of(st, d.owner)) {
             r->host->deadlines().settled(d.part);
-            r->host->logits_arrived(d.logits.pipeline, d.logits);
+            r->host->logits_arrived(d.logits);
             deliver(*r, [&](Strategy& s) { s.on_logits(d.part, d.logits); });
           }
         return;
@@ -363,7 +363,7 @@ void handle(HeadState& st, const std::string& from, const Envelope& env) {
     if (Running* r = owner_of(st, run)) {
       r->host->deadlines().settled(run);
       r->host->answered(run);
-      r->host->logits_arrived(l->pipeline, *l);
+      r->host->logits_arrived(*l);
       deliver(*r, [&](Strategy& s) { s.on_logits(run, *l); });
     }
     return;

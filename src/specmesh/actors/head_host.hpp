@@ -49,10 +49,10 @@ class HeadHost final : public StrategyHost {
   void finish(std::string error = {}) override { stream_.finish(std::move(error), ErrorKind::internal); }
   void finish(std::string error, ErrorKind kind) { stream_.finish(std::move(error), kind); }
   bool done() const override { return stream_.done(); }
-  // Logits of `role`'s pipeline arrived for this session: the first rows of the target's end
-  // its prompt processing (prefill_ms, ttft_after_prefill_ms).
-  void logits_arrived(const std::string& role, const Logits& l) {
-    if (role == kTargetRole && !l.rows.empty()) stream_.prompt_processed();
+  // Logits arrived for this session: the first rows from the target's pipeline end its prompt
+  // processing (prefill_ms, ttft_after_prefill_ms).
+  void logits_arrived(const Logits& l) {
+    if (l.pipeline == kTargetRole && !l.rows.empty()) stream_.prompt_processed();
   }
   Sampler& sampler() override { return sampler_; }
   SpecMetrics& metrics() override { return stream_.metrics(); }
