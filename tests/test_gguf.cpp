@@ -23,6 +23,7 @@
 #include "specmesh/model/synthetic.hpp"
 #include "refdata.hpp"
 #include "specmesh/tokenizer/tokenizer.hpp"
+#include "isa.hpp"
 #include "memory_limit.hpp"
 
 using namespace specmesh;
@@ -753,6 +754,40 @@ TEST_F(SyntheticModel, QuantizedTypesWithF16Fallback) {
   // Quantized weights still have the intended scale.
   auto [m, sd] = mean_std(dequant(*f.tensor("blk.0.attn_q.weight")));
   EXPECT_NEAR(sd, 1 / 16.0, 0.15 / 16.0);
+}
+
+// A loaded Q8_0 / Q4_0 model gives the AVX-512 path its matrices packed (PackedWeights), and
+// on every path a batch of prompt tokens yields the same logits bit for bit as one token at
+// a time: prefill and decode read the weights the same way.
+TEST_F(SyntheticModel, QuantizedModelsBatchEqualsSingleStepsOnEveryPath) {
+  for (const auto& isa : test::isas()) {
+    ASSERT_TRUE(matmul_set_isa(isa.c_str()));
+    for (DType t : {DType::Q8_0, DType::Q4_0}) {
+      SCOPED_TRACE(isa + " " + std::string(dtype_name(t)));
+      SyntheticSpec s = small_spec("llama");
+      s.n_ff = 128;
+      s.weight_type = t;
+      write_synthetic_model(s, path("p.gguf"));
+      auto m = Model::load(path("p.gguf"));
+      EXPECT_EQ(m->layers[0].w_down.packed != nullptr, isa == "avx512");
+      EXPECT_EQ(m->layers[1].wq.packed != nullptr, isa == "avx512");
+      const std::vector<int32_t> seq = {1, 40, 41, 26, 37, 43, 38, 28, 26, 37, 29, 31, 42, 7, 9, 11, 13, 5, 3};
+      Context single(*m, {.n_threads = 2}), batched(*m, {.n_threads = 2});
+      std::vector<float> a;
+      for (size_t p = 0; p < seq.size(); ++p) {
+        Batch one;
+        one.add(seq[p], int32_t(p), seq_bit(0), true);
+        const auto o = single.forward(one);
+        a.insert(a.end(), o.logits.begin(), o.logits.end());
+      }
+      Batch all;
+      for (size_t p = 0; p < seq.size(); ++p) all.add(seq[p], int32_t(p), seq_bit(0), true);
+      const std::vector<float> b = batched.forward(all).logits;
+      ASSERT_EQ(a.size(), b.size());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+    }
+  }
+  matmul_set_isa(nullptr);
 }
 
 TEST_F(SyntheticModel, SameSeedSameBytesWhateverTheThreads) {

@@ -4,12 +4,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "specmesh/kernels/ggml_types.hpp"
 #include "specmesh/kernels/matmul.hpp"
+#include "specmesh/kernels/packed_weights.hpp"
 #include "specmesh/kernels/quant.hpp"
 #include "specmesh/kernels/thread_pool.hpp"
 
@@ -32,11 +34,20 @@ struct Matrix {
   size_t rows, cols;
   std::vector<uint8_t> data;
   std::vector<float> deq;  // the exact values the kernels must use
-  WeightView view() const { return WeightView{type, data.data(), rows, cols}; }
+  std::shared_ptr<PackedWeights> packed;  // read by the AVX-512 path when present
+  WeightView view() const {
+    WeightView v{type, data.data(), rows, cols};
+    if (packed) v.packed = packed->data();
+    return v;
+  }
 };
 
-Matrix make_matrix(DType t, size_t rows, size_t cols, uint32_t seed) {
-  Matrix m{t, rows, cols, std::vector<uint8_t>(rows * row_bytes(t, cols)), std::vector<float>(rows * cols)};
+bool has_packed_form(DType t) { return is_int_dot(t); }
+
+// Q8_0 / Q4_0 matrices come with their packed copy (as a loaded model's do) unless `pack`
+// is false, which leaves the AVX-512 path its row-major kernels.
+Matrix make_matrix(DType t, size_t rows, size_t cols, uint32_t seed, bool pack = true) {
+  Matrix m{t, rows, cols, std::vector<uint8_t>(rows * row_bytes(t, cols)), std::vector<float>(rows * cols), nullptr};
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, 0.05f);
   std::vector<float> row(cols);
@@ -46,6 +57,7 @@ Matrix make_matrix(DType t, size_t rows, size_t cols, uint32_t seed) {
     quantize_row(t, row.data(), dst, cols);
     dequantize_row(t, dst, m.deq.data() + r * cols, cols);
   }
+  if (pack && has_packed_form(t)) m.packed = std::make_shared<PackedWeights>(m.view());
   return m;
 }
 
@@ -61,7 +73,8 @@ std::vector<float> activations(size_t n_tokens, size_t cols, uint32_t seed) {
 // The kernels keep 8 interleaved partial sums (one per SIMD lane or scalar lane) combined
 // by a 3-level tree, so each product passes through at most cols/8 + 3 additions; each
 // rounds by at most u = 2^-24, giving |err| <= (cols/8 + 3) * u * sum|w_i x_i| to first
-// order. (The integer types sum 32 exact products per block first, so fewer roundings.)
+// order. (The integer types sum 32 exact products per block first, so fewer roundings;
+// packed Q8_0 / Q4_0 weights then add one block at a time, cols/32 additions.)
 // A factor 2 covers the product roundings and second-order terms.
 //
 // For Q8_0/Q4_0 weights the activations are quantised per 32-block to
@@ -221,8 +234,10 @@ TEST_F(MatmulTest, BatchEqualsSingleTokenBitwise) {
     use(isa);
     for (DType t : kAllTypes) {
       for (size_t cols : {size_t(512), is_kquant(t) ? size_t(256) : is_int_dot(t) ? size_t(480) : size_t(172)}) {
+      for (bool pack : {true, false}) {
+        if (!pack && !has_packed_form(t)) continue;
         const size_t rows = 133;
-        const Matrix m = make_matrix(t, rows, cols, 21);
+        const Matrix m = make_matrix(t, rows, cols, 21, pack);
         const auto x = activations(kMaxBatch, cols, 22);
         std::vector<float> single(kMaxBatch * rows);
         for (size_t tok = 0; tok < kMaxBatch; ++tok)
@@ -231,13 +246,15 @@ TEST_F(MatmulTest, BatchEqualsSingleTokenBitwise) {
           for (ThreadPool* pool : {&pool1, &pool2}) {
             const auto y = run(m, x, n, *pool);
             ASSERT_EQ(std::memcmp(y.data(), single.data(), n * rows * sizeof(float)), 0)
-                << isa << " " << dtype_name(t) << " cols " << cols << " n_tokens " << n << " threads " << pool->size();
+                << isa << " " << dtype_name(t) << (pack ? " packed" : "") << " cols " << cols << " n_tokens " << n
+                << " threads " << pool->size();
           }
         }
         // A batch that starts elsewhere: tokens 3.. of the same activations.
         const auto y = run(m, std::vector<float>(x.begin() + 3 * cols, x.end()), kMaxBatch - 3, pool2);
         ASSERT_EQ(std::memcmp(y.data(), single.data() + 3 * rows, (kMaxBatch - 3) * rows * sizeof(float)), 0)
-            << isa << " " << dtype_name(t) << " offset batch";
+            << isa << " " << dtype_name(t) << " offset batch" << (pack ? " packed" : "");
+      }
       }
     }
   }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "specmesh/kernels/matmul_impl.hpp"
+#include "specmesh/kernels/packed_weights.hpp"
 #include "specmesh/kernels/quant.hpp"
 #include "specmesh/kernels/thread_pool.hpp"
 
@@ -258,7 +259,23 @@ void matmul_rows(const WeightView& w, size_t row_begin, size_t row_end, const fl
     }
     p.xq = act.data();
 #ifdef SPECMESH_HAVE_AVX2_TU
-    if (isa == Isa::Avx512) {
+    if (isa == Isa::Avx512 && w.packed != nullptr) {
+      // The packed kernels start each block's integer sum at -offset * sum(q).
+      const int32_t offset = w.type == DType::Q8_0 ? 128 : 8;
+      thread_local std::vector<ActBlk> blocks;
+      blocks.resize(n_tokens * nb);
+      for (size_t i = 0; i < n_tokens * nb; ++i) {
+        int32_t sum = 0;
+        for (int k = 0; k < QK8_0; ++k) sum += act[i].qs[k];
+        std::memcpy(blocks[i].qs, act[i].qs, QK8_0);
+        blocks[i].d = act[i].d;
+        blocks[i].corr = -offset * sum;
+      }
+      p.xb = blocks.data();
+      p.wp = static_cast<const uint8_t*>(w.packed);
+      p.row0 = row_begin;
+      p.panel_bytes = PackedWeights::panel_bytes(w.type, w.cols);
+    } else if (isa == Isa::Avx512) {
       // 64-byte aligned, for the kernels' whole-register loads.
       thread_local std::vector<uint8_t> packed;
       const size_t per_token = packed_act_bytes(w.cols);
@@ -272,6 +289,7 @@ void matmul_rows(const WeightView& w, size_t row_begin, size_t row_end, const fl
 
   auto run = [&](size_t r0, size_t r1) {
 #ifdef SPECMESH_HAVE_AVX2_TU
+    if (p.wp != nullptr) return gemm_packed_avx512(p, r0, r1);
     if (isa == Isa::Avx512) return gemm_rows_avx512(p, r0, r1);
     if (isa == Isa::Avx2) return gemm_rows_avx2(p, r0, r1);
 #endif

@@ -14,6 +14,9 @@ struct WeightView {
   const void* data;
   size_t rows;
   size_t cols;
+  // The same matrix as PackedWeights lays it out (kernels/packed_weights.hpp), or nullptr.
+  // When set, the AVX-512 path reads this instead of `data`, for one row or many alike.
+  const void* packed = nullptr;
 };
 
 // y[t*rows + r] = sum_i W[r][i] * x[t*cols + i], for t < n_tokens.

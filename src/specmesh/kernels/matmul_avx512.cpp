@@ -2,6 +2,11 @@
 // 16-lane FMA for F32 / F16 / BF16. Built with AVX-512 F/BW/VL/DQ/VNNI and F16C and only
 // called after a run-time CPU check (matmul.cpp). K-quant weights take the AVX2 kernels.
 //
+// Q8_0 / Q4_0 weights come in two layouts. A loaded model's are packed into 16-row panels
+// (PackedWeights; panel_tile below): every lane is one output, so the work per block is
+// eight vpdpbusd and one convert / multiply / fused add per 16 outputs. Row-major weights
+// (a WeightView without a packed copy) take tile_int, which fills the lanes of one output.
+//
 // Integer dots: vpdpbusd multiplies unsigned by signed bytes and adds groups of four into
 // 32-bit lanes, with no 16-bit intermediate to saturate. The weights are made unsigned by an
 // offset (w + 128 for Q8_0, the stored nibble w + 8 for Q4_0), and the offset times the
@@ -258,6 +263,123 @@ Shape shape_for(DType t, size_t n_tokens) {
   }
 }
 
+// --- packed integer panels (PackedWeights) x activation blocks --------------------------
+// Lane l of every vector is row l of its panel. Per block, each output's 32-bit sum starts
+// at the activation block's correction (-offset * sum q) and takes eight vpdpbusd of a
+// 64-byte group of weight bytes with four broadcast activation bytes, so it is exact; then
+//   acc = fma(float(sum) * d_w, d_x, acc)
+// one rounding chain per output in block order, whatever the tile (P panels x T tokens).
+
+struct PanelQ8_0 {
+  static constexpr size_t kQuantBytes = 512;
+  // The eight groups of block b (elements 4g..4g+3) into each panel's sums.
+  template <int P, int T>
+  static void dot(const uint8_t* const (&q)[P], size_t b, const ActBlk* const (&x)[T], __m512i (&s)[P][T]) {
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      __m512i w[P];
+      for (int i = 0; i < P; ++i) w[i] = _mm512_load_si512(q[i] + b * kQuantBytes + 64 * g);
+#pragma GCC unroll 8
+      for (int j = 0; j < T; ++j) {
+        int32_t xv;
+        std::memcpy(&xv, x[j][b].qs + 4 * g, 4);
+        const __m512i xq = _mm512_set1_epi32(xv);
+        for (int i = 0; i < P; ++i) s[i][j] = _mm512_dpbusd_epi32(s[i][j], w[i], xq);
+      }
+    }
+  }
+};
+
+struct PanelQ4_0 {
+  static constexpr size_t kQuantBytes = 256;
+  // Each 64-byte load holds group m in its low nibbles and group m + 4 (elements 16 + 4m..)
+  // in its high ones.
+  template <int P, int T>
+  static void dot(const uint8_t* const (&q)[P], size_t b, const ActBlk* const (&x)[T], __m512i (&s)[P][T]) {
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+    for (int m = 0; m < 4; ++m) {
+      __m512i lo[P], hi[P];
+      for (int i = 0; i < P; ++i) {
+        const __m512i raw = _mm512_load_si512(q[i] + b * kQuantBytes + 64 * m);
+        lo[i] = _mm512_and_si512(raw, nib);
+        hi[i] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+      }
+#pragma GCC unroll 8
+      for (int j = 0; j < T; ++j) {
+        int32_t xl, xh;
+        std::memcpy(&xl, x[j][b].qs + 4 * m, 4);
+        std::memcpy(&xh, x[j][b].qs + 16 + 4 * m, 4);
+        const __m512i ql = _mm512_set1_epi32(xl), qh = _mm512_set1_epi32(xh);
+        for (int i = 0; i < P; ++i) {
+          s[i][j] = _mm512_dpbusd_epi32(s[i][j], lo[i], ql);
+          s[i][j] = _mm512_dpbusd_epi32(s[i][j], hi[i], qh);
+        }
+      }
+    }
+  }
+};
+
+using PanelFn = void (*)(const Problem&, size_t panel, size_t t, size_t a0, size_t a1);
+
+// Panels [panel, panel + P) x tokens [t, t + T); stores the rows in [a0, a1) (absolute).
+template <class W, int P, int T>
+void panel_tile(const Problem& p, size_t panel, size_t t, size_t a0, size_t a1) {
+  constexpr size_t kRows = 16;
+  const size_t nb = p.cols / QK8_0;
+  const uint8_t* q[P];
+  const uint16_t* sc[P];
+  for (int i = 0; i < P; ++i) {
+    q[i] = p.wp + (panel + i) * p.panel_bytes;
+    sc[i] = reinterpret_cast<const uint16_t*>(q[i] + nb * W::kQuantBytes);
+  }
+  const ActBlk* x[T];
+  for (int j = 0; j < T; ++j) x[j] = p.xb + (t + j) * nb;
+  __m512 acc[P][T];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm512_setzero_ps();
+  for (size_t b = 0; b < nb; ++b) {
+    __m512i s[P][T];
+    for (int j = 0; j < T; ++j) {
+      const __m512i c = _mm512_set1_epi32(x[j][b].corr);
+      for (int i = 0; i < P; ++i) s[i][j] = c;
+    }
+    W::template dot<P, T>(q, b, x, s);
+    for (int i = 0; i < P; ++i) {
+      const __m512 wd = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc[i] + kRows * b)));
+      for (int j = 0; j < T; ++j)
+        acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[i][j]), wd), _mm512_set1_ps(x[j][b].d), acc[i][j]);
+    }
+  }
+  for (int i = 0; i < P; ++i) {
+    const size_t first = (panel + i) * kRows;  // absolute row of lane 0
+    const bool whole = first >= a0 && first + kRows <= a1;
+    for (int j = 0; j < T; ++j) {
+      float* y = p.y + (t + j) * p.ldy;
+      if (whole) {
+        _mm512_storeu_ps(y + (first - p.row0), acc[i][j]);
+        continue;
+      }
+      alignas(64) float lanes[kRows];
+      _mm512_store_ps(lanes, acc[i][j]);
+      for (size_t l = 0; l < kRows; ++l)
+        if (first + l >= a0 && first + l < a1) y[first + l - p.row0] = lanes[l];
+    }
+  }
+}
+
+constexpr int kPanelsMax = 4, kPanelTokensMax = 6;
+using PanelTable = PanelFn[kPanelsMax][kPanelTokensMax];
+
+#define SPECMESH_PANEL_ROW(W, P) \
+  {panel_tile<W, P, 1>, panel_tile<W, P, 2>, panel_tile<W, P, 3>, panel_tile<W, P, 4>, panel_tile<W, P, 5>, panel_tile<W, P, 6>}
+#define SPECMESH_PANEL_TABLE(W) \
+  {SPECMESH_PANEL_ROW(W, 1), SPECMESH_PANEL_ROW(W, 2), SPECMESH_PANEL_ROW(W, 3), SPECMESH_PANEL_ROW(W, 4)}
+constexpr PanelTable kPanelQ8_0 = SPECMESH_PANEL_TABLE(PanelQ8_0);
+constexpr PanelTable kPanelQ4_0 = SPECMESH_PANEL_TABLE(PanelQ4_0);
+#undef SPECMESH_PANEL_TABLE
+#undef SPECMESH_PANEL_ROW
+
 }  // namespace
 
 void gemm_rows_avx512(const Problem& p, size_t r0, size_t r1) {
@@ -279,6 +401,25 @@ void gemm_rows_avx512(const Problem& p, size_t r0, size_t r1) {
         const size_t nt = min_size(tm, t1 - t);
         for (size_t r = rb; r < re; r += rm) tab[min_size(rm, re - r) - 1][nt - 1](p, r, t);
       }
+    }
+  }
+}
+
+void gemm_packed_avx512(const Problem& p, size_t r0, size_t r1) {
+  constexpr size_t kRows = 16, kDecodePanels = 4, kBatchPanels = 2;
+  const PanelTable& tab = p.type == DType::Q8_0 ? kPanelQ8_0 : kPanelQ4_0;
+  const size_t a0 = p.row0 + r0, a1 = p.row0 + r1;
+  const size_t pan0 = a0 / kRows, pan1 = (a1 + kRows - 1) / kRows;
+  const size_t pm = p.n_tokens == 1 ? kDecodePanels : kBatchPanels, tm = p.n_tokens == 1 ? 1 : kPanelTokensMax;
+  // As in gemm_rows_avx512: a panel pair stays cached while a block of tokens passes over it.
+  const size_t act_bytes = p.cols / QK8_0 * sizeof(ActBlk);
+  size_t tok_block = (size_t(256) << 10) / act_bytes / tm * tm;
+  if (tok_block < tm) tok_block = tm;
+  for (size_t t0 = 0; t0 < p.n_tokens; t0 += tok_block) {
+    const size_t t1 = min_size(p.n_tokens, t0 + tok_block);
+    for (size_t pan = pan0; pan < pan1; pan += pm) {
+      const size_t np = min_size(pm, pan1 - pan);
+      for (size_t t = t0; t < t1; t += tm) tab[np - 1][min_size(tm, t1 - t) - 1](p, pan, t, a0, a1);
     }
   }
 }

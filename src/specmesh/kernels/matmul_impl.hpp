@@ -14,6 +14,13 @@ struct ActQ8 {
   float d;
   int8_t qs[QK8_0];
 };
+// The same with the weight type's offset times the sum of its bytes (see PackedWeights and
+// matmul_avx512.cpp): the packed kernels' layout.
+struct ActBlk {
+  int8_t qs[QK8_0];
+  float d;
+  int32_t corr;
+};
 struct Problem {
   DType type;
   const uint8_t* w;   // first weight row of the range
@@ -22,6 +29,10 @@ struct Problem {
   const float* x;     // n_tokens x cols activations
   const ActQ8* xq;    // n_tokens x cols/32 quantised activations (Q4_0 / Q8_0 weights only)
   const uint8_t* xp;  // the same packed for the AVX-512 kernels (packed_act_bytes per token)
+  const uint8_t* wp;  // PackedWeights data (whole matrix), or nullptr
+  size_t row0;        // the absolute row of `w`, for panels in `wp`
+  size_t panel_bytes; // PackedWeights::panel_bytes
+  const ActBlk* xb;   // n_tokens x cols/32 activation blocks for `wp`
   size_t n_tokens;
   float* y;           // y[t*ldy + r], r relative to w
   size_t ldy;
@@ -29,6 +40,8 @@ struct Problem {
 
 void gemm_rows_avx2(const Problem& p, size_t r0, size_t r1);
 void gemm_rows_avx512(const Problem& p, size_t r0, size_t r1);
+// Rows [r0, r1) (relative to p.row0) from the packed weights p.wp and activations p.xb.
+void gemm_packed_avx512(const Problem& p, size_t r0, size_t r1);
 // The AVX-512 integer kernels read each token's quantised activations in pairs of blocks laid
 // out for whole-register loads: packed_act_bytes(cols) bytes per token (a multiple of 64).
 size_t packed_act_bytes(size_t cols);

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "specmesh/formats/gguf.hpp"
+#include "specmesh/kernels/packed_weights.hpp"
 #include "specmesh/kernels/quant.hpp"
 
 namespace specmesh {
@@ -139,10 +140,24 @@ void Model::load_gguf(MappedFile file) {
     l.w_up = matrix(p + "ffn_up.weight", E, hp_.n_ff);
     l.w_down = matrix(p + "ffn_down.weight", hp_.n_ff, E);
   }
+  pack_for_kernels();
 
   Vocab vocab = vocab_from_gguf(f);
   if (static_cast<int>(vocab.tokens.size()) > V) fail("vocabulary has more tokens than token_embd has rows");
   tokenizer_ = std::make_unique<Tokenizer>(std::move(vocab));
+}
+
+// Gives every matrix the matmul path would read faster rearranged its packed copy (the
+// embedding's rows stay as stored: they are looked up, not multiplied).
+void Model::pack_for_kernels() {
+  auto pack = [&](WeightView& w) {
+    if (!PackedWeights::wanted(w.type)) return;
+    packed_.emplace_back(w);
+    w.packed = packed_.back().data();
+  };
+  pack(output);
+  for (auto& l : layers)
+    for (WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) pack(*w);
 }
 
 // ---------------------------------------------------------------- llama2.c

@@ -8,6 +8,7 @@
 #include "specmesh/formats/mapped_file.hpp"
 #include "specmesh/kernels/matmul.hpp"
 #include "specmesh/kernels/ops.hpp"
+#include "specmesh/kernels/packed_weights.hpp"
 #include "specmesh/model/arch.hpp"
 #include "specmesh/tokenizer/tokenizer.hpp"
 
@@ -76,6 +77,7 @@ class Model {
   Model() = default;
   void load_gguf(MappedFile file);
   void load_llama2c(MappedFile file, const MappedFile* tokenizer);
+  void pack_for_kernels();
 
   HParams hp_;
   std::string path_;
@@ -83,6 +85,7 @@ class Model {
   std::shared_ptr<GgufFile> gguf_;
   MappedFile map_;                       // llama2.c checkpoints
   std::vector<std::vector<float>> owned_;  // 1-D tensors converted to F32
+  std::vector<PackedWeights> packed_;      // matrices as the matmul kernels read them
   std::unique_ptr<Tokenizer> tokenizer_;
 };
 

@@ -1,0 +1,58 @@
+// Q8_0 / Q4_0 weights rearranged for the AVX-512 integer kernels.
+//
+// The file layout keeps a row's blocks together, so an integer dot product fills each SIMD
+// lane with part of one output and needs a float scale-and-add per block pair per output,
+// plus a horizontal sum at the end. In the packed layout 16 consecutive rows form a panel,
+// and within a block the panel's bytes are interleaved by four (row 0's bytes 0..3, row 1's
+// bytes 0..3, ... row 15's, then bytes 4..7 of each): one 64-byte load then feeds one
+// vpdpbusd that adds four products to each of 16 outputs, with a token's four activation
+// bytes broadcast. Each lane is one output for the whole row, so the float work per block is
+// one convert, multiply and fused add per 16 outputs, and no horizontal sum is left.
+//
+// A panel of a matrix with nb blocks per row:
+//   nb x kQuantBytes   the interleaved quants of each block, 64-byte aligned: Q8_0 as
+//                      unsigned bytes w + 128 (8 loads of 64 bytes), Q4_0 as its stored
+//                      bytes (4 loads; low nibbles are elements 4m.., high ones 16 + 4m..);
+//   nb x 32            each block's 16 row scales, f16 as in the file;
+//   padding to a multiple of 64 bytes.
+// Rows past the matrix in the last panel are zero weights with scale 0.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "specmesh/kernels/ggml_types.hpp"
+
+namespace specmesh {
+
+struct WeightView;
+
+class PackedWeights {
+ public:
+  static constexpr size_t kPanelRows = 16;
+
+  // Whether matrices of this type are packed while `matmul_isa()` is the path that reads
+  // them: Q8_0 and Q4_0 on the AVX-512 path.
+  static bool wanted(DType type);
+  // Interleaved quant bytes per block of one panel (512 for Q8_0, 256 for Q4_0).
+  static size_t quant_bytes(DType type);
+  // Bytes of one panel of a row of `cols` values (a multiple of 64).
+  static size_t panel_bytes(DType type, size_t cols);
+
+  // Packs `w` (Q8_0 or Q4_0; std::invalid_argument otherwise).
+  explicit PackedWeights(const WeightView& w);
+
+  // 64-byte aligned; lives as long as this object (moves keep the address).
+  const void* data() const { return data_.get(); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const;
+  };
+  std::unique_ptr<uint8_t, Free> data_;
+  size_t bytes_ = 0;
+};
+
+}  // namespace specmesh
