@@ -756,19 +756,26 @@ TEST_F(SyntheticModel, QuantizedTypesWithF16Fallback) {
   EXPECT_NEAR(sd, 1 / 16.0, 0.15 / 16.0);
 }
 
-// A loaded Q8_0 / Q4_0 model gives the AVX-512 path its matrices packed (PackedWeights), and
-// on every path a batch of prompt tokens yields the same logits bit for bit as one token at
-// a time: prefill and decode read the weights the same way.
+// A loaded Q8_0 / Q4_0 / Q4_K model gives the AVX-512 path its matrices packed
+// (PackedWeights), and on every path a batch of prompt tokens yields the same logits bit for
+// bit as one token at a time: prefill and decode read the weights the same way.
 TEST_F(SyntheticModel, QuantizedModelsBatchEqualsSingleStepsOnEveryPath) {
   for (const auto& isa : test::isas()) {
     ASSERT_TRUE(matmul_set_isa(isa.c_str()));
-    for (DType t : {DType::Q8_0, DType::Q4_0}) {
+    for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K}) {
       SCOPED_TRACE(isa + " " + std::string(dtype_name(t)));
       SyntheticSpec s = small_spec("llama");
       s.n_ff = 128;
+      if (t == DType::Q4_K) {  // rows of whole 256-blocks
+        s.n_embd = 256;
+        s.head_dim = 64;
+        s.n_ff = 512;
+      }
       s.weight_type = t;
       write_synthetic_model(s, path("p.gguf"));
       auto m = Model::load(path("p.gguf"));
+      ASSERT_EQ(m->layers[0].w_down.type, t);
+      ASSERT_EQ(m->layers[1].wq.type, t);
       EXPECT_EQ(m->layers[0].w_down.packed != nullptr, isa == "avx512");
       EXPECT_EQ(m->layers[1].wq.packed != nullptr, isa == "avx512");
       const std::vector<int32_t> seq = {1, 40, 41, 26, 37, 43, 38, 28, 26, 37, 29, 31, 42, 7, 9, 11, 13, 5, 3};

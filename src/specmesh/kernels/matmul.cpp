@@ -243,9 +243,11 @@ void matmul_rows(const WeightView& w, size_t row_begin, size_t row_end, const fl
   p.y = y;
   p.ldy = rows;
 
-  // Integer-dot types: quantise each token's activations once, shared by all rows/threads.
+  // Integer-dot types, and every packed matrix: quantise each token's activations once,
+  // shared by all rows and threads.
   thread_local std::vector<ActQ8> act;
-  if (w.type == DType::Q8_0 || w.type == DType::Q4_0) {
+  const bool packed = isa == Isa::Avx512 && w.packed != nullptr;
+  if (w.type == DType::Q8_0 || w.type == DType::Q4_0 || packed) {
     const size_t nb = w.cols / QK8_0;
     act.resize(n_tokens * nb);
     for (size_t t = 0; t < n_tokens; ++t) {
@@ -259,9 +261,10 @@ void matmul_rows(const WeightView& w, size_t row_begin, size_t row_end, const fl
     }
     p.xq = act.data();
 #ifdef SPECMESH_HAVE_AVX2_TU
-    if (isa == Isa::Avx512 && w.packed != nullptr) {
-      // The packed kernels start each block's integer sum at -offset * sum(q).
-      const int32_t offset = w.type == DType::Q8_0 ? 128 : 8;
+    if (packed) {
+      // The packed kernels start each block's integer sum at -offset * sum(q) and take a
+      // min times d * sum(q).
+      const int32_t offset = w.type == DType::Q8_0 ? 128 : w.type == DType::Q4_0 ? 8 : 0;
       thread_local std::vector<ActBlk> blocks;
       blocks.resize(n_tokens * nb);
       for (size_t i = 0; i < n_tokens * nb; ++i) {
@@ -270,6 +273,7 @@ void matmul_rows(const WeightView& w, size_t row_begin, size_t row_end, const fl
         std::memcpy(blocks[i].qs, act[i].qs, QK8_0);
         blocks[i].d = act[i].d;
         blocks[i].corr = -offset * sum;
+        blocks[i].dsum = act[i].d * float(sum);
       }
       p.xb = blocks.data();
       p.wp = static_cast<const uint8_t*>(w.packed);
@@ -277,10 +281,10 @@ void matmul_rows(const WeightView& w, size_t row_begin, size_t row_end, const fl
       p.panel_bytes = PackedWeights::panel_bytes(w.type, w.cols);
     } else if (isa == Isa::Avx512) {
       // 64-byte aligned, for the kernels' whole-register loads.
-      thread_local std::vector<uint8_t> packed;
+      thread_local std::vector<uint8_t> packed_act;
       const size_t per_token = packed_act_bytes(w.cols);
-      packed.resize(n_tokens * per_token + 64);
-      uint8_t* base = packed.data() + (64 - reinterpret_cast<uintptr_t>(packed.data()) % 64) % 64;
+      packed_act.resize(n_tokens * per_token + 64);
+      uint8_t* base = packed_act.data() + (64 - reinterpret_cast<uintptr_t>(packed_act.data()) % 64) % 64;
       for (size_t t = 0; t < n_tokens; ++t) pack_act_avx512(w.type, act.data() + t * nb, w.cols, base + t * per_token);
       p.xp = base;
     }

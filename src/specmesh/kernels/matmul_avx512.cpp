@@ -320,6 +320,27 @@ struct PanelQ4_0 {
   }
 };
 
+// Stores panels [panel, panel + P) x tokens [t, t + T), the rows in [a0, a1) only.
+template <int P, int T>
+inline void store_panels(const Problem& p, size_t panel, size_t t, size_t a0, size_t a1, __m512 (&acc)[P][T]) {
+  constexpr size_t kRows = 16;
+  for (int i = 0; i < P; ++i) {
+    const size_t first = (panel + i) * kRows;  // absolute row of lane 0
+    const bool whole = first >= a0 && first + kRows <= a1;
+    for (int j = 0; j < T; ++j) {
+      float* y = p.y + (t + j) * p.ldy;
+      if (whole) {
+        _mm512_storeu_ps(y + (first - p.row0), acc[i][j]);
+        continue;
+      }
+      alignas(64) float lanes[kRows];
+      _mm512_store_ps(lanes, acc[i][j]);
+      for (size_t l = 0; l < kRows; ++l)
+        if (first + l >= a0 && first + l < a1) y[first + l - p.row0] = lanes[l];
+    }
+  }
+}
+
 using PanelFn = void (*)(const Problem&, size_t panel, size_t t, size_t a0, size_t a1);
 
 // Panels [panel, panel + P) x tokens [t, t + T); stores the rows in [a0, a1) (absolute).
@@ -351,21 +372,69 @@ void panel_tile(const Problem& p, size_t panel, size_t t, size_t a0, size_t a1) 
         acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[i][j]), wd), _mm512_set1_ps(x[j][b].d), acc[i][j]);
     }
   }
-  for (int i = 0; i < P; ++i) {
-    const size_t first = (panel + i) * kRows;  // absolute row of lane 0
-    const bool whole = first >= a0 && first + kRows <= a1;
+  store_panels<P, T>(p, panel, t, a0, a1, acc);
+}
+
+// Q4_K panels (PackedWeights::kQ4KBytes per super-block): per sub-block s of 32, the
+// 16 rows' scale a = d * sc_s and min b = dmin * m_s (both exact in f32), and
+//   acc = fma(float(sum q * x) * a, d_x, acc);  acc = acc - b * (d_x * sum x)
+// where the nibbles q are unsigned, so the integer sums need no correction.
+template <int Shift, int P, int T>
+inline void q4_K_sub(const uint8_t* const (&q)[P], const ActBlk* const (&x)[T], size_t xb, size_t sub,
+                     const __m512 (&d)[P], const __m512 (&dmin)[P], __m512 (&acc)[P][T]) {
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  __m512i s[P][T];
+  for (auto& a : s)
+    for (auto& v : a) v = _mm512_setzero_si512();
+  const size_t chunk = sub / 2;
+#pragma GCC unroll 8
+  for (int g = 0; g < 8; ++g) {
+    __m512i w[P];
+    for (int i = 0; i < P; ++i)
+      w[i] = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(q[i] + chunk * 512 + 64 * g), Shift), nib);
+#pragma GCC unroll 8
     for (int j = 0; j < T; ++j) {
-      float* y = p.y + (t + j) * p.ldy;
-      if (whole) {
-        _mm512_storeu_ps(y + (first - p.row0), acc[i][j]);
-        continue;
-      }
-      alignas(64) float lanes[kRows];
-      _mm512_store_ps(lanes, acc[i][j]);
-      for (size_t l = 0; l < kRows; ++l)
-        if (first + l >= a0 && first + l < a1) y[first + l - p.row0] = lanes[l];
+      int32_t xv;
+      std::memcpy(&xv, x[j][xb].qs + 4 * g, 4);
+      const __m512i xq = _mm512_set1_epi32(xv);
+      for (int i = 0; i < P; ++i) s[i][j] = _mm512_dpbusd_epi32(s[i][j], w[i], xq);
     }
   }
+  for (int i = 0; i < P; ++i) {
+    const uint8_t* meta = q[i] + 2048 + 64;
+    const __m512 a = _mm512_mul_ps(d[i], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                             _mm_load_si128(reinterpret_cast<const __m128i*>(meta + 16 * sub)))));
+    const __m512 b = _mm512_mul_ps(dmin[i], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(
+                                                reinterpret_cast<const __m128i*>(meta + 128 + 16 * sub)))));
+    for (int j = 0; j < T; ++j) {
+      acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[i][j]), a), _mm512_set1_ps(x[j][xb].d), acc[i][j]);
+      acc[i][j] = _mm512_fnmadd_ps(b, _mm512_set1_ps(x[j][xb].dsum), acc[i][j]);
+    }
+  }
+}
+
+template <int P, int T>
+void panel_tile_q4_K(const Problem& p, size_t panel, size_t t, size_t a0, size_t a1) {
+  const size_t nsb = p.cols / QK_K, nb = p.cols / QK8_0;
+  const ActBlk* x[T];
+  for (int j = 0; j < T; ++j) x[j] = p.xb + (t + j) * nb;
+  __m512 acc[P][T];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm512_setzero_ps();
+  for (size_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* q[P];
+    __m512 d[P], dmin[P];
+    for (int i = 0; i < P; ++i) {
+      q[i] = p.wp + (panel + i) * p.panel_bytes + sb * (2048 + 64 + 256);
+      d[i] = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(q[i] + 2048)));
+      dmin[i] = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(q[i] + 2048 + 32)));
+    }
+    for (size_t c = 0; c < 4; ++c) {
+      q4_K_sub<0, P, T>(q, x, sb * 8 + 2 * c, 2 * c, d, dmin, acc);
+      q4_K_sub<4, P, T>(q, x, sb * 8 + 2 * c + 1, 2 * c + 1, d, dmin, acc);
+    }
+  }
+  store_panels<P, T>(p, panel, t, a0, a1, acc);
 }
 
 constexpr int kPanelsMax = 4, kPanelTokensMax = 6;
@@ -377,6 +446,11 @@ using PanelTable = PanelFn[kPanelsMax][kPanelTokensMax];
   {SPECMESH_PANEL_ROW(W, 1), SPECMESH_PANEL_ROW(W, 2), SPECMESH_PANEL_ROW(W, 3), SPECMESH_PANEL_ROW(W, 4)}
 constexpr PanelTable kPanelQ8_0 = SPECMESH_PANEL_TABLE(PanelQ8_0);
 constexpr PanelTable kPanelQ4_0 = SPECMESH_PANEL_TABLE(PanelQ4_0);
+#undef SPECMESH_PANEL_ROW
+#define SPECMESH_PANEL_ROW(W, P)                                                                               \
+  {panel_tile_q4_K<P, 1>, panel_tile_q4_K<P, 2>, panel_tile_q4_K<P, 3>, panel_tile_q4_K<P, 4>, panel_tile_q4_K<P, 5>, \
+   panel_tile_q4_K<P, 6>}
+constexpr PanelTable kPanelQ4_K = SPECMESH_PANEL_TABLE(-);
 #undef SPECMESH_PANEL_TABLE
 #undef SPECMESH_PANEL_ROW
 
@@ -407,7 +481,7 @@ void gemm_rows_avx512(const Problem& p, size_t r0, size_t r1) {
 
 void gemm_packed_avx512(const Problem& p, size_t r0, size_t r1) {
   constexpr size_t kRows = 16, kDecodePanels = 4, kBatchPanels = 2;
-  const PanelTable& tab = p.type == DType::Q8_0 ? kPanelQ8_0 : kPanelQ4_0;
+  const PanelTable& tab = p.type == DType::Q8_0 ? kPanelQ8_0 : p.type == DType::Q4_0 ? kPanelQ4_0 : kPanelQ4_K;
   const size_t a0 = p.row0 + r0, a1 = p.row0 + r1;
   const size_t pan0 = a0 / kRows, pan1 = (a1 + kRows - 1) / kRows;
   const size_t pm = p.n_tokens == 1 ? kDecodePanels : kBatchPanels, tm = p.n_tokens == 1 ? 1 : kPanelTokensMax;

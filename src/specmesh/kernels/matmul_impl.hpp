@@ -14,12 +14,14 @@ struct ActQ8 {
   float d;
   int8_t qs[QK8_0];
 };
-// The same with the weight type's offset times the sum of its bytes (see PackedWeights and
-// matmul_avx512.cpp): the packed kernels' layout.
+// The same as the packed kernels read it (see PackedWeights and matmul_avx512.cpp): with
+// -offset * sum(qs) for a weight type stored with an offset (Q8_0, Q4_0), and d * sum(qs)
+// for one with a per-block min (Q4_K).
 struct ActBlk {
   int8_t qs[QK8_0];
   float d;
   int32_t corr;
+  float dsum;
 };
 struct Problem {
   DType type;

@@ -9,22 +9,25 @@
 #include <string>
 
 #include "specmesh/kernels/matmul.hpp"
+#include "specmesh/kernels/quant.hpp"
 
 namespace specmesh {
 
 bool PackedWeights::wanted(DType type) {
-  return (type == DType::Q8_0 || type == DType::Q4_0) && std::strcmp(matmul_isa(), "avx512") == 0;
+  return (type == DType::Q8_0 || type == DType::Q4_0 || type == DType::Q4_K) && std::strcmp(matmul_isa(), "avx512") == 0;
 }
 
 size_t PackedWeights::quant_bytes(DType type) {
   switch (type) {
     case DType::Q8_0: return kPanelRows * QK8_0;
     case DType::Q4_0: return kPanelRows * QK4_0 / 2;
+    case DType::Q4_K: return kPanelRows * QK8_0 / 2;
     default: throw std::invalid_argument("PackedWeights: " + std::string(dtype_name(type)) + " has no packed form");
   }
 }
 
 size_t PackedWeights::panel_bytes(DType type, size_t cols) {
+  if (type == DType::Q4_K) return cols / QK_K * kQ4KBytes;
   const size_t bytes = cols / QK8_0 * (quant_bytes(type) + kPanelRows * sizeof(uint16_t));
   return (bytes + 63) / 64 * 64;  // every panel starts 64-byte aligned
 }
@@ -32,10 +35,10 @@ size_t PackedWeights::panel_bytes(DType type, size_t cols) {
 void PackedWeights::Free::operator()(uint8_t* p) const { std::free(p); }
 
 PackedWeights::PackedWeights(const WeightView& w) {
-  const size_t qb = quant_bytes(w.type);
-  if (w.cols % QK8_0 != 0) throw std::invalid_argument("PackedWeights: row length is not a multiple of 32");
-  const size_t nb = w.cols / QK8_0, panels = (w.rows + kPanelRows - 1) / kPanelRows;
-  const size_t panel = panel_bytes(w.type, w.cols);
+  quant_bytes(w.type);  // refuses a type without a packed form
+  if (w.cols % traits(w.type).block_elems != 0)
+    throw std::invalid_argument("PackedWeights: row length is not a multiple of the block size");
+  const size_t panels = (w.rows + kPanelRows - 1) / kPanelRows, panel = panel_bytes(w.type, w.cols);
   bytes_ = panels * panel;
   // Large copies start on a 2 MiB boundary and ask for huge pages: a 1 GB model faults in
   // 500 pages instead of 250 000.
@@ -45,6 +48,13 @@ PackedWeights::PackedWeights(const WeightView& w) {
   data_.reset(static_cast<uint8_t*>(std::aligned_alloc(align, data_bytes)));
   if (!data_) throw std::bad_alloc();
   if (align == kHuge) madvise(data_.get(), data_bytes, MADV_HUGEPAGE);  // a hint; fine to fail
+  std::memset(data_.get() + bytes_, 0, data_bytes - bytes_);
+  if (w.type == DType::Q4_K) pack_q4_K(w, panel);
+  else pack_q8_0_q4_0(w, panel);
+}
+
+void PackedWeights::pack_q8_0_q4_0(const WeightView& w, size_t panel) {
+  const size_t qb = quant_bytes(w.type), nb = w.cols / QK8_0, panels = bytes_ / panel;
   const size_t stride = row_bytes(w.type, w.cols);
   const auto* src = static_cast<const uint8_t*>(w.data);
   const bool q8 = w.type == DType::Q8_0;
@@ -75,8 +85,33 @@ PackedWeights::PackedWeights(const WeightView& w) {
       }
     }
   }
-  const size_t tail = data_bytes - bytes_;
-  if (tail) std::memset(data_.get() + bytes_, 0, tail);
+}
+
+void PackedWeights::pack_q4_K(const WeightView& w, size_t panel) {
+  const size_t nsb = w.cols / QK_K, panels = bytes_ / panel;
+  const auto* rows = static_cast<const block_q4_K*>(w.data);
+  for (size_t p = 0; p < panels; ++p) {
+    for (size_t sb = 0; sb < nsb; ++sb) {
+      uint8_t* dst = data_.get() + p * panel + sb * kQ4KBytes;
+      auto* d = reinterpret_cast<uint16_t*>(dst + 2048);
+      uint8_t* sc = dst + 2048 + 64;
+      for (size_t r = 0; r < kPanelRows; ++r) {
+        const size_t row = p * kPanelRows + r;
+        if (row >= w.rows) {  // zero weights: quants, scales and mins 0
+          for (size_t k = 0; k < 2048 / 64; ++k) std::memset(dst + k * 64 + r * 4, 0, 4);
+          d[r] = d[kPanelRows + r] = 0;
+          for (int s = 0; s < 8; ++s) sc[16 * s + r] = sc[128 + 16 * s + r] = 0;
+          continue;
+        }
+        const block_q4_K& b = rows[row * nsb + sb];
+        for (size_t c = 0; c < 4; ++c)
+          for (size_t g = 0; g < 8; ++g) std::memcpy(dst + c * 512 + g * 64 + r * 4, b.qs + 32 * c + 4 * g, 4);
+        d[r] = b.d;
+        d[kPanelRows + r] = b.dmin;
+        for (int s = 0; s < 8; ++s) q4_K_scale_min(b.scales, s, sc[16 * s + r], sc[128 + 16 * s + r]);
+      }
+    }
+  }
 }
 
 }  // namespace specmesh

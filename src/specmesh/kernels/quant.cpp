@@ -315,6 +315,8 @@ void quant_q6_K(const float* x, block_q6_K* b, size_t nb) {
 
 }  // namespace
 
+void q4_K_scale_min(const uint8_t* scales, int j, uint8_t& sc, uint8_t& m) { scale_min_k4(j, scales, sc, m); }
+
 void dequantize_row(DType type, const void* src, float* dst, size_t n) {
   check_shape(type, n);
   switch (type) {

@@ -12,4 +12,8 @@ void dequantize_row(DType type, const void* src, float* dst, size_t n);
 // Reference quantizers, compatible with ggml's decoders; used by the GGUF writer and tests.
 void quantize_row(DType type, const float* src, void* dst, size_t n);
 
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K block's 12 packed scale bytes
+// (ggml's get_scale_min_k4).
+void q4_K_scale_min(const uint8_t* scales, int j, uint8_t& sc, uint8_t& m);
+
 }  // namespace specmesh
