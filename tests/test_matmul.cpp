@@ -42,8 +42,6 @@ struct Matrix {
   }
 };
 
-bool has_packed_form(DType t) { return is_int_dot(t) || t == DType::Q4_K; }
-
 // Q8_0 / Q4_0 / Q4_K matrices come with their packed copy (as a loaded model's do) unless
 // `pack` is false, which leaves the AVX-512 path its row-major kernels.
 Matrix make_matrix(DType t, size_t rows, size_t cols, uint32_t seed, bool pack = true) {
@@ -57,7 +55,7 @@ Matrix make_matrix(DType t, size_t rows, size_t cols, uint32_t seed, bool pack =
     quantize_row(t, row.data(), dst, cols);
     dequantize_row(t, dst, m.deq.data() + r * cols, cols);
   }
-  if (pack && has_packed_form(t)) m.packed = std::make_shared<PackedWeights>(m.view());
+  if (pack && PackedWeights::packable(t)) m.packed = std::make_shared<PackedWeights>(m.view());
   return m;
 }
 
@@ -243,7 +241,7 @@ TEST_F(MatmulTest, BatchEqualsSingleTokenBitwise) {
     for (DType t : kAllTypes) {
       for (size_t cols : {size_t(512), is_kquant(t) ? size_t(256) : is_int_dot(t) ? size_t(480) : size_t(172)}) {
       for (bool pack : {true, false}) {
-        if (!pack && !has_packed_form(t)) continue;
+        if (!pack && !PackedWeights::packable(t)) continue;
         const size_t rows = 133;
         const Matrix m = make_matrix(t, rows, cols, 21, pack);
         const auto x = activations(kMaxBatch, cols, 22);
@@ -350,6 +348,10 @@ TEST_F(MatmulTest, RejectsBadArguments) {
                std::out_of_range);
   EXPECT_THROW(matmul_rows(WeightView{DType::F32, data.data(), 4, 8}, 3, 2, x.data(), 1, y.data(), pool),
                std::out_of_range);
+  // Only Q8_0, Q4_0 and Q4_K have a packed form.
+  EXPECT_THROW(PackedWeights(WeightView{DType::F16, data.data(), 2, 32}), std::invalid_argument);
+  EXPECT_THROW(PackedWeights(WeightView{DType::Q6_K, data.data(), 1, 256}), std::invalid_argument);
+  EXPECT_THROW(PackedWeights(WeightView{DType::Q8_0, data.data(), 2, 48}), std::invalid_argument);
 }
 
 }  // namespace

@@ -64,6 +64,14 @@ bool use_avx2() {
 #endif
 }
 
+bool use_avx512() {
+#ifdef SPECMESH_HAVE_AVX2_TU
+  return std::strcmp(matmul_isa(), "avx512") == 0;
+#else
+  return false;
+#endif
+}
+
 // Multiply-adds below which waking the pool costs more than it saves.
 constexpr size_t kSmallWork = size_t(1) << 16;
 
@@ -189,9 +197,10 @@ void flash_partial(const float* q, int n_q, int group, const KvRows& kv, size_t 
     return;
   }
   thread_local std::vector<float> scores;
-  scores.resize(size_t(n_q) * round_up(count, 8));
+  scores.resize(size_t(n_q) * round_up(count, 16));  // rows padded to 8 (AVX2) or 16 (AVX-512)
   const detail::PartialJob job{q, n_q, group, &kv, kv_off, D, scale, cells, count, o, m, l, scores.data()};
 #ifdef SPECMESH_HAVE_AVX2_TU
+  if (D % 64 == 0 && use_avx512()) return detail::flash_partial_avx512(job);
   if (use_avx2()) return detail::flash_partial_avx2(job);
 #endif
   partial_scalar(job);

@@ -144,10 +144,11 @@ struct PartialJob {
   float* o;        // n_q * head_dim, head-major
   float* m;        // n_q
   float* l;        // n_q
-  float* scores;   // scratch: n_q rows of roundup(count, 8)
+  float* scores;   // scratch: n_q rows of roundup(count, 16) (the AVX2 kernel uses 8 of the padding)
 };
 
 void flash_partial_avx2(const PartialJob& job);
+void flash_partial_avx512(const PartialJob& job);  // head_dim a multiple of 64
 
 }  // namespace detail
 

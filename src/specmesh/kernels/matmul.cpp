@@ -246,7 +246,7 @@ void matmul_rows(const WeightView& w, size_t row_begin, size_t row_end, const fl
   // Integer-dot types, and every packed matrix: quantise each token's activations once,
   // shared by all rows and threads.
   thread_local std::vector<ActQ8> act;
-  const bool packed = isa == Isa::Avx512 && w.packed != nullptr;
+  const bool packed = isa == Isa::Avx512 && w.packed != nullptr && PackedWeights::packable(w.type);
   if (w.type == DType::Q8_0 || w.type == DType::Q4_0 || packed) {
     const size_t nb = w.cols / QK8_0;
     act.resize(n_tokens * nb);

@@ -13,9 +13,9 @@
 
 namespace specmesh {
 
-bool PackedWeights::wanted(DType type) {
-  return (type == DType::Q8_0 || type == DType::Q4_0 || type == DType::Q4_K) && std::strcmp(matmul_isa(), "avx512") == 0;
-}
+bool PackedWeights::packable(DType type) { return type == DType::Q8_0 || type == DType::Q4_0 || type == DType::Q4_K; }
+
+bool PackedWeights::wanted(DType type) { return packable(type) && std::strcmp(matmul_isa(), "avx512") == 0; }
 
 size_t PackedWeights::quant_bytes(DType type) {
   switch (type) {
@@ -35,7 +35,8 @@ size_t PackedWeights::panel_bytes(DType type, size_t cols) {
 void PackedWeights::Free::operator()(uint8_t* p) const { std::free(p); }
 
 PackedWeights::PackedWeights(const WeightView& w) {
-  quant_bytes(w.type);  // refuses a type without a packed form
+  if (!packable(w.type))
+    throw std::invalid_argument("PackedWeights: " + std::string(dtype_name(w.type)) + " has no packed form");
   if (w.cols % traits(w.type).block_elems != 0)
     throw std::invalid_argument("PackedWeights: row length is not a multiple of the block size");
   const size_t panels = (w.rows + kPanelRows - 1) / kPanelRows, panel = panel_bytes(w.type, w.cols);

@@ -40,8 +40,10 @@ class PackedWeights {
 
   static constexpr size_t kQ4KBytes = 2048 + 64 + 256;  // one super-block of a panel
 
+  // Whether the type has a packed form: Q8_0, Q4_0 and Q4_K.
+  static bool packable(DType type);
   // Whether matrices of this type are packed while `matmul_isa()` is the path that reads
-  // them: Q8_0, Q4_0 and Q4_K on the AVX-512 path.
+  // them: the packable types on the AVX-512 path.
   static bool wanted(DType type);
   // Interleaved quant bytes per 32-block of one panel (512 for Q8_0, 256 for Q4_0 and Q4_K).
   static size_t quant_bytes(DType type);
