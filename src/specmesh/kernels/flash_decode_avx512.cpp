@@ -5,7 +5,8 @@
 // fused multiply-adds in d order); sixteen keys' accumulators are then summed across their
 // lanes together, by a shuffle-and-add tree that fills one vector with the sixteen scores
 // (45 instructions for 16 scores, where a horizontal sum per key costs about 10 each). Values:
-// each head's output stays in registers while the keys pass.
+// up to four heads of one KV head keep their outputs in registers while the keys pass, so each
+// value row is loaded once for all of them.
 //
 // Determinism: a key's score adds its lanes in one fixed tree whatever its place among the
 // sixteen, and every sum over keys runs in key order, so as in the AVX2 kernel a head's

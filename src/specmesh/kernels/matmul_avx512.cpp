@@ -270,6 +270,19 @@ Shape shape_for(DType t, size_t n_tokens) {
 //   acc = fma(float(sum) * d_w, d_x, acc)
 // one rounding chain per output in block order, whatever the tile (P panels x T tokens).
 
+// Adds a group of four weight bytes per lane of each panel, w[i], times every token's four
+// activation bytes at `at` of its block xb (broadcast), into the sums s.
+template <int P, int T>
+inline void dot_group(const __m512i (&w)[P], const ActBlk* const (&x)[T], size_t xb, int at, __m512i (&s)[P][T]) {
+#pragma GCC unroll 8
+  for (int j = 0; j < T; ++j) {
+    int32_t xv;
+    std::memcpy(&xv, x[j][xb].qs + at, 4);
+    const __m512i xq = _mm512_set1_epi32(xv);
+    for (int i = 0; i < P; ++i) s[i][j] = _mm512_dpbusd_epi32(s[i][j], w[i], xq);
+  }
+}
+
 struct PanelQ8_0 {
   static constexpr size_t kQuantBytes = 512;
   // The eight groups of block b (elements 4g..4g+3) into each panel's sums.
@@ -279,13 +292,7 @@ struct PanelQ8_0 {
     for (int g = 0; g < 8; ++g) {
       __m512i w[P];
       for (int i = 0; i < P; ++i) w[i] = _mm512_load_si512(q[i] + b * kQuantBytes + 64 * g);
-#pragma GCC unroll 8
-      for (int j = 0; j < T; ++j) {
-        int32_t xv;
-        std::memcpy(&xv, x[j][b].qs + 4 * g, 4);
-        const __m512i xq = _mm512_set1_epi32(xv);
-        for (int i = 0; i < P; ++i) s[i][j] = _mm512_dpbusd_epi32(s[i][j], w[i], xq);
-      }
+      dot_group(w, x, b, 4 * g, s);
     }
   }
 };
@@ -305,17 +312,8 @@ struct PanelQ4_0 {
         lo[i] = _mm512_and_si512(raw, nib);
         hi[i] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
       }
-#pragma GCC unroll 8
-      for (int j = 0; j < T; ++j) {
-        int32_t xl, xh;
-        std::memcpy(&xl, x[j][b].qs + 4 * m, 4);
-        std::memcpy(&xh, x[j][b].qs + 16 + 4 * m, 4);
-        const __m512i ql = _mm512_set1_epi32(xl), qh = _mm512_set1_epi32(xh);
-        for (int i = 0; i < P; ++i) {
-          s[i][j] = _mm512_dpbusd_epi32(s[i][j], lo[i], ql);
-          s[i][j] = _mm512_dpbusd_epi32(s[i][j], hi[i], qh);
-        }
-      }
+      dot_group(lo, x, b, 4 * m, s);
+      dot_group(hi, x, b, 16 + 4 * m, s);
     }
   }
 };
@@ -392,13 +390,7 @@ inline void q4_K_sub(const uint8_t* const (&q)[P], const ActBlk* const (&x)[T], 
     __m512i w[P];
     for (int i = 0; i < P; ++i)
       w[i] = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(q[i] + chunk * 512 + 64 * g), Shift), nib);
-#pragma GCC unroll 8
-    for (int j = 0; j < T; ++j) {
-      int32_t xv;
-      std::memcpy(&xv, x[j][xb].qs + 4 * g, 4);
-      const __m512i xq = _mm512_set1_epi32(xv);
-      for (int i = 0; i < P; ++i) s[i][j] = _mm512_dpbusd_epi32(s[i][j], w[i], xq);
-    }
+    dot_group(w, x, xb, 4 * g, s);
   }
   for (int i = 0; i < P; ++i) {
     const uint8_t* meta = q[i] + 2048 + 64;
