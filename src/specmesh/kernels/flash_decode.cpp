@@ -31,7 +31,7 @@ void partial_scalar(const detail::PartialJob& j) {
   for (size_t t = 0; t < j.count; ++t) {
     const float* krow = j.kv->k + size_t(j.cells[t]) * j.kv->row_stride + j.kv_off;
     for (int h = 0; h < j.n_q; ++h)
-      j.scores[h * ld + t] = dot_scalar(j.q + size_t(h) * D, krow + size_t(h / j.group) * D, D) * j.scale;
+      j.scores[h * ld + t] = dot_scalar(j.q + size_t(h) * D, krow + j.head_off[h], D) * j.scale;
   }
   for (int h = 0; h < j.n_q; ++h) {
     float* s = j.scores + h * ld;
@@ -49,7 +49,7 @@ void partial_scalar(const detail::PartialJob& j) {
     const float* vrow = j.kv->v + size_t(j.cells[t]) * j.kv->row_stride + j.kv_off;
     for (int h = 0; h < j.n_q; ++h) {
       const float w = j.scores[h * ld + t];
-      const float* v = vrow + size_t(h / j.group) * D;
+      const float* v = vrow + j.head_off[h];
       float* o = j.o + size_t(h) * D;
       for (int d = 0; d < D; ++d) o[d] += w * v[d];
     }
@@ -96,6 +96,28 @@ void normalise(const float* o, float l, int D, float* out) {
   }
 }
 
+// Heads [h0, h1) of `parts`: the speculative partial (slot 2) from the sink and the window, and
+// its normalised output to spec[(h - h0) * D] when spec is given.
+void merge_spec(FlashPartials& parts, int h0, int h1, float* spec) {
+  const int D = parts.head_dim;
+  for (int h = h0; h < h1; ++h) {
+    const size_t a = parts.at(2, h);
+    flash_combine(parts, 0, 2, h, parts.o_at(2, h), parts.m[a], parts.l[a]);
+    if (spec != nullptr) normalise(parts.o_at(2, h), parts.l[a], D, spec + size_t(h - h0) * D);
+  }
+}
+
+// Heads [h0, h1): the full output, slot 2 merged with the middle slots, to full[(h - h0) * D].
+void merge_full(const FlashPartials& parts, size_t n_slots, int h0, int h1, float* full) {
+  const int D = parts.head_dim;
+  for (int h = h0; h < h1; ++h) {
+    float* out = full + size_t(h - h0) * D;
+    float m, l;
+    flash_combine(parts, 2, n_slots, h, out, m, l);
+    normalise(out, l, D, out);
+  }
+}
+
 // Flash decode of heads q[0..n_q): full output always, speculative output when spec != null.
 void decode_heads(const float* q, int n_q, int group, const KvRows& kv, size_t kv_off, int D, float scale,
                   const int32_t* cells, size_t n, float* full, float* spec, const FlashLayout& layout,
@@ -116,30 +138,18 @@ void decode_heads(const float* q, int n_q, int group, const KvRows& kv, size_t k
   // middle. When someone waits for the speculative output it is finished first, on its own;
   // otherwise all slots go in one parallel sweep (one pool wake-up).
   const size_t middle = plan.n_slots() - 3;
-  auto merge_spec = [&] {
-    for (int h = 0; h < n_q; ++h) {
-      const size_t a = parts.at(2, h);
-      flash_combine(parts, 0, 2, h, parts.o_at(2, h), parts.m[a], parts.l[a]);
-      if (spec != nullptr) normalise(parts.o_at(2, h), parts.l[a], D, spec + size_t(h) * D);
-    }
-  };
   if (spec_ready) {
     run_each(2, threaded, pool, [&](size_t i) { compute(i); });
-    merge_spec();
+    merge_spec(parts, 0, n_q, spec);
     spec_ready();
     run_each(middle, threaded && middle > 1, pool, [&](size_t i) { compute(i + 3); });
   } else {
     const size_t computed = plan.n_slots() - 1;
     run_each(computed, threaded && computed > 1, pool, [&](size_t i) { compute(i < 2 ? i : i + 1); });
-    merge_spec();
+    merge_spec(parts, 0, n_q, spec);
   }
   // The merge is a few percent of the work; a second pool wake-up costs more under load.
-  for (int h = 0; h < n_q; ++h) {
-    float* out = full + size_t(h) * D;
-    float m, l;
-    flash_combine(parts, 2, plan.n_slots(), h, out, m, l);
-    normalise(out, l, D, out);
-  }
+  merge_full(parts, plan.n_slots(), 0, n_q, full);
 }
 
 void check_shape(const HeadShape& hs) {
@@ -186,10 +196,15 @@ void FlashPartials::reset(size_t slots, int nq, int dim) {
 
 void flash_partial(const float* q, int n_q, int group, const KvRows& kv, size_t kv_off, float scale,
                    const int32_t* cells, size_t count, FlashPartials& out, size_t slot) {
+  flash_partial(q, n_q, group, n_q / group, kv, kv_off, scale, cells, count, out, slot, 0);
+}
+
+void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& kv, size_t kv_off, float scale,
+                   const int32_t* cells, size_t count, FlashPartials& out, size_t slot, int head0) {
   const int D = out.head_dim;
-  float* o = out.o_at(slot, 0);
-  float* m = out.m.data() + out.at(slot, 0);
-  float* l = out.l.data() + out.at(slot, 0);
+  float* o = out.o_at(slot, head0);
+  float* m = out.m.data() + out.at(slot, head0);
+  float* l = out.l.data() + out.at(slot, head0);
   if (count == 0) {
     std::fill(o, o + size_t(n_q) * D, 0.0f);
     std::fill(m, m + n_q, -INFINITY);
@@ -197,8 +212,12 @@ void flash_partial(const float* q, int n_q, int group, const KvRows& kv, size_t 
     return;
   }
   thread_local std::vector<float> scores;
+  thread_local std::vector<size_t> head_off;
   scores.resize(size_t(n_q) * round_up(count, 16));  // rows padded to 8 (AVX2) or 16 (AVX-512)
-  const detail::PartialJob job{q, n_q, group, &kv, kv_off, D, scale, cells, count, o, m, l, scores.data()};
+  head_off.resize(size_t(n_q));
+  for (int h = 0; h < n_q; ++h) head_off[size_t(h)] = size_t((h / group) % n_kv) * size_t(D);
+  const detail::PartialJob job{q,     n_q, group, &kv, kv_off, head_off.data(), D, scale, cells, count, o, m, l,
+                               scores.data()};
 #ifdef SPECMESH_HAVE_AVX2_TU
   if (D % 64 == 0 && use_avx512()) return detail::flash_partial_avx512(job);
   if (use_avx2()) return detail::flash_partial_avx2(job);
@@ -236,6 +255,54 @@ void flash_decode(const float* q, const HeadShape& hs, float scale, const KvRows
   check_shape(hs);
   decode_heads(q, hs.n_head, hs.n_head / hs.n_head_kv, kv, 0, hs.head_dim, scale, cells, n, out, nullptr, layout,
                pool);
+}
+
+void flash_decode_rows(const float* q, const HeadShape& hs, float scale, const KvRows& kv,
+                       const int32_t* const* cells, const size_t* n, size_t rows, float* out,
+                       const FlashLayout& layout, ThreadPool* pool) {
+  check_shape(hs);
+  const int H = hs.n_head, D = hs.head_dim, group = hs.n_head / hs.n_head_kv;
+  const size_t row_values = size_t(H) * size_t(D);
+  for (size_t r0 = 0; r0 < rows;) {
+    // The run of tokens whose plans match token r0's and whose cells agree before the window.
+    const FlashPlan plan = flash_plan(n[r0], layout);
+    size_t r1 = r0 + 1;
+    for (; r1 < rows; ++r1) {
+      const FlashPlan other = flash_plan(n[r1], layout);
+      if (other.sink_end != plan.sink_end || other.window_begin != plan.window_begin ||
+          std::memcmp(cells[r1], cells[r0], plan.window_begin * sizeof(int32_t)) != 0)
+        break;
+    }
+    const int R = int(r1 - r0), n_q = R * H;
+    thread_local FlashPartials tls_parts;
+    FlashPartials& parts = tls_parts;
+    parts.reset(plan.n_slots(), n_q, D);
+    // Work items: the shared sink and middle slots over all R tokens' heads, then each token's
+    // window.
+    const size_t shared = plan.n_slots() - 2, items = shared + size_t(R);
+    size_t work = 0;
+    for (size_t r = r0; r < r1; ++r) work += n[r];
+    const bool threaded = use_pool(pool, work * size_t(H) * size_t(D));
+    const float* qg = q + r0 * row_values;
+    run_each(items, threaded && items > 1, pool, [&](size_t i) {
+      if (i < shared) {
+        const size_t slot = i == 0 ? 0 : i + 2;
+        size_t b, e;
+        plan.slot_keys(slot, b, e);
+        flash_partial(qg, n_q, group, hs.n_head_kv, kv, 0, scale, cells[r0] + b, e - b, parts, slot, 0);
+      } else {
+        const size_t r = r0 + (i - shared);
+        const FlashPlan own = flash_plan(n[r], layout);
+        size_t b, e;
+        own.slot_keys(1, b, e);
+        flash_partial(q + r * row_values, H, group, hs.n_head_kv, kv, 0, scale, cells[r] + b, e - b, parts, 1,
+                      int(r - r0) * H);
+      }
+    });
+    merge_spec(parts, 0, n_q, nullptr);
+    merge_full(parts, plan.n_slots(), 0, n_q, out + r0 * row_values);
+    r0 = r1;
+  }
 }
 
 bool spec_accept(float d2, float n2, float lambda) { return d2 < lambda * lambda * n2; }

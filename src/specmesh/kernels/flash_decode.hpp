@@ -87,6 +87,10 @@ struct FlashPartials {
 // matmul uses (see matmul_isa()).
 void flash_partial(const float* q, int n_q, int group, const KvRows& kv, size_t kv_off, float scale,
                    const int32_t* cells, size_t count, FlashPartials& out, size_t slot);
+// The same for query heads that span several tokens: head h reads KV head (h / group) % n_kv
+// and is written to head head0 + h of `out`.
+void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& kv, size_t kv_off, float scale,
+                   const int32_t* cells, size_t count, FlashPartials& out, size_t slot, int head0);
 
 // Merges slots [s0, s1) of head h into (o[head_dim], m, l): the maximum over all slots first,
 // then each slot scaled once by e^(m_s - m) and summed in slot order. Empty slots add nothing.
@@ -98,6 +102,14 @@ void flash_combine(const FlashPartials& p, size_t s0, size_t s1, int h, float* o
 // result is the same as in the whole layer.
 void flash_decode(const float* q, const HeadShape& hs, float scale, const KvRows& kv, const int32_t* cells,
                   size_t n, float* out, const FlashLayout& layout = {}, ThreadPool* pool = nullptr);
+
+// Full attention of `rows` tokens of one layer, token r over its own cells[r][0..n[r]) (q and
+// out hold n_head * head_dim values per token, token after token): for every token bit for bit
+// what flash_decode gives it alone. Consecutive tokens whose sink and middle key ranges hold
+// the same cells compute those partials together, reading each key and value once for all.
+void flash_decode_rows(const float* q, const HeadShape& hs, float scale, const KvRows& kv,
+                       const int32_t* const* cells, const size_t* n, size_t rows, float* out,
+                       const FlashLayout& layout = {}, ThreadPool* pool = nullptr);
 
 struct SpecConfig {
   FlashLayout layout;
@@ -137,6 +149,7 @@ struct PartialJob {
   int group;
   const KvRows* kv;
   size_t kv_off;
+  const size_t* head_off;  // per query head: kv_off-relative offset of its KV head in a row
   int head_dim;
   float scale;
   const int32_t* cells;

@@ -82,7 +82,7 @@ void flash_partial_avx2(const PartialJob& j) {
   for (size_t t = 0; t < j.count; ++t) {
     const float* krow = j.kv->k + size_t(j.cells[t]) * stride + j.kv_off;
     for (int h = 0; h < j.n_q; ++h)
-      j.scores[h * ld + t] = dot(j.q + size_t(h) * D, krow + size_t(h / j.group) * D, D) * j.scale;
+      j.scores[h * ld + t] = dot(j.q + size_t(h) * D, krow + j.head_off[h], D) * j.scale;
   }
 
   for (int h = 0; h < j.n_q; ++h) {
@@ -105,7 +105,7 @@ void flash_partial_avx2(const PartialJob& j) {
     const float* vrow[U];
     for (int u = 0; u < U; ++u) vrow[u] = j.kv->v + size_t(j.cells[t + u]) * stride + j.kv_off;
     for (int h = 0; h < j.n_q; ++h) {
-      const size_t off = size_t(h / j.group) * D;
+      const size_t off = j.head_off[h];
       const float* v[U];
       float w[U];
       for (int u = 0; u < U; ++u) {
@@ -118,7 +118,7 @@ void flash_partial_avx2(const PartialJob& j) {
   for (; t < j.count; ++t) {
     const float* vrow = j.kv->v + size_t(j.cells[t]) * stride + j.kv_off;
     for (int h = 0; h < j.n_q; ++h) {
-      const float* v[1] = {vrow + size_t(h / j.group) * D};
+      const float* v[1] = {vrow + j.head_off[h]};
       const float w[1] = {j.scores[h * ld + t]};
       accumulate<1>(j.o + size_t(h) * D, w, v, D);
     }

@@ -104,7 +104,7 @@ void flash_partial_avx512(const PartialJob& j) {
     for (size_t u = 0; u < 16; ++u) krow[u] = j.kv->k + size_t(j.cells[t0 + (u < nt ? u : 0)]) * stride + j.kv_off;
     for (int h = 0; h < j.n_q; ++h) {
       const float* q = j.q + size_t(h) * D;
-      const size_t off = size_t(h / j.group) * D;
+      const size_t off = j.head_off[h];
       __m512 acc[16];
       for (auto& a : acc) a = _mm512_setzero_ps();
       for (int c = 0; c < nd; ++c) {
@@ -132,7 +132,7 @@ void flash_partial_avx512(const PartialJob& j) {
   // Values: H heads of one KV head at a time, their outputs in registers while the keys pass
   // in index order (each value row loaded once for the H heads).
   for (int h = 0; h < j.n_q;) {
-    const size_t off = j.kv_off + size_t(h / j.group) * D;
+    const size_t off = j.kv_off + j.head_off[h];
     const int left = j.group - h % j.group;  // heads from h on that read this KV head
     if (nd == 4 && left >= 4) {
       accumulate<4, 4>(j, h, ld, off);

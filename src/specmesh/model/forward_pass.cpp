@@ -115,20 +115,38 @@ SpecCheck ForwardPass::attention(int il, float* full, float* spec, const SpecCon
   }
   if (cfg) throw std::invalid_argument("speculative attention needs one token and one cell list");
 
-  // One work item per token, or per (token, KV head) when a view gives heads their own cells:
-  // a cell list is built once for every query head that reads it, and those heads go through
-  // one flash decode (each head is computed the same way whatever the grouping, so a token's
-  // result does not depend on its batch).
-  const int kv_heads = visible_.per_head() ? 1 : hp.n_head_kv;
-  const size_t items = n * size_t(hp.n_head_kv / kv_heads);
+  // Several tokens reading one cell list per token: all of them in one flash decode, which
+  // reads the keys and values they share (a prompt's, a verified run's cached prefix) once.
+  if (!visible_.per_head()) {
+    thread_local std::vector<std::vector<int32_t>> cells;
+    thread_local std::vector<const int32_t*> lists;
+    thread_local std::vector<size_t> counts;
+    if (cells.size() < n) cells.resize(n);
+    lists.resize(n);
+    counts.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      visible_.cells(i, il, 0, cells[i]);
+      lists[i] = cells[i].data();
+      counts[i] = cells[i].size();
+    }
+    flash_decode_rows(q_.data(), HeadShape{hp.n_head, hp.n_head_kv, D}, scale, rows, lists.data(), counts.data(), n,
+                      full, layout, &ctx_.pool());
+    return {};
+  }
+
+  // A view that gives KV heads their own cells: one work item per (token, KV head), its cell
+  // list built once for the query heads that read it, which go through one flash decode (each
+  // head is computed the same way whatever the grouping, so a token's result does not depend
+  // on its batch).
+  const size_t items = n * size_t(hp.n_head_kv);
   auto work = [&](size_t b, size_t e) {
     thread_local std::vector<int32_t> cells;
     for (size_t it = b; it < e; ++it) {
-      const size_t first = it * size_t(kv_heads), i = first / hp.n_head_kv;
-      const int kvh = int(first % hp.n_head_kv);
+      const size_t i = it / size_t(hp.n_head_kv);
+      const int kvh = int(it % size_t(hp.n_head_kv));
       visible_.cells(i, il, kvh, cells);
       const size_t off = i * Q + size_t(kvh) * group * D;
-      flash_decode(q_.data() + off, HeadShape{kv_heads * group, kv_heads, D}, scale,
+      flash_decode(q_.data() + off, HeadShape{group, 1, D}, scale,
                    KvRows{rows.k + kvh * D, rows.v + kvh * D, rows.row_stride}, cells.data(), cells.size(), full + off,
                    layout, nullptr);
     }
