@@ -118,17 +118,22 @@ SpecCheck ForwardPass::attention(int il, float* full, float* spec, const SpecCon
   // Several tokens reading one cell list per token: all of them in one flash decode, which
   // reads the keys and values they share (a prompt's, a verified run's cached prefix) once.
   if (!visible_.per_head()) {
-    thread_local std::vector<std::vector<int32_t>> cells;
+    // The tokens' cell lists one after another in one buffer (one allocation that a pass
+    // reuses), then pointers into it.
+    thread_local std::vector<int32_t> row, cells;
     thread_local std::vector<const int32_t*> lists;
-    thread_local std::vector<size_t> counts;
-    if (cells.size() < n) cells.resize(n);
-    lists.resize(n);
+    thread_local std::vector<size_t> counts, starts;
+    cells.clear();
     counts.resize(n);
+    starts.resize(n);
     for (size_t i = 0; i < n; ++i) {
-      visible_.cells(i, il, 0, cells[i]);
-      lists[i] = cells[i].data();
-      counts[i] = cells[i].size();
+      visible_.cells(i, il, 0, row);
+      starts[i] = cells.size();
+      counts[i] = row.size();
+      cells.insert(cells.end(), row.begin(), row.end());
     }
+    lists.resize(n);
+    for (size_t i = 0; i < n; ++i) lists[i] = cells.data() + starts[i];
     flash_decode_rows(q_.data(), HeadShape{hp.n_head, hp.n_head_kv, D}, scale, rows, lists.data(), counts.data(), n,
                       full, layout, &ctx_.pool());
     return {};
