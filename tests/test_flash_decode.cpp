@@ -343,8 +343,8 @@ TEST_F(FlashDecodeTest, RowsMatchSingleTokensBitForBit) {
         const FlashLayout layout{128, 128, 32};
         std::vector<float> single(rows * row_values);
         for (size_t r = 0; r < rows; ++r)
-          flash_decode(q.data() + r * row_values, hs, p.scale, p.kv(), ptrs[r], counts[r], single.data() + r * row_values,
-                       layout);
+          flash_decode(q.data() + r * row_values, hs, p.scale, p.kv(), ptrs[r], counts[r],
+                       single.data() + r * row_values, layout);
         for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two}) {
           std::vector<float> batched(rows * row_values, -1.0f);
           flash_decode_rows(q.data(), hs, p.scale, p.kv(), ptrs.data(), counts.data(), rows, batched.data(), layout,

@@ -216,8 +216,8 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
   scores.resize(size_t(n_q) * round_up(count, 16));  // rows padded to 8 (AVX2) or 16 (AVX-512)
   head_off.resize(size_t(n_q));
   for (int h = 0; h < n_q; ++h) head_off[size_t(h)] = size_t((h / group) % n_kv) * size_t(D);
-  const detail::PartialJob job{q,     n_q, group, &kv, kv_off, head_off.data(), D, scale, cells, count, o, m, l,
-                               scores.data()};
+  const detail::PartialJob job{q, n_q, group, &kv, kv_off, head_off.data(), D, scale,
+                               cells, count, o, m, l, scores.data()};
 #ifdef SPECMESH_HAVE_AVX2_TU
   if (D % 64 == 0 && use_avx512()) return detail::flash_partial_avx512(job);
   if (use_avx2()) return detail::flash_partial_avx2(job);

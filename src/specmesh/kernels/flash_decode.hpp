@@ -19,8 +19,9 @@
 // Determinism. The key ranges depend only on n and the layout; each partial is computed by
 // one thread with a fixed order; partials are merged in slot order by one routine. So the
 // result does not depend on the thread count, nor on which heads go through one call (a head
-// alone, a KV head's group, or the whole layer), and plain flash_decode gives bit for bit the
-// full output of speculative_flash_decode.
+// alone, a KV head's group, the whole layer, or the heads of several tokens), and plain
+// flash_decode gives bit for bit the full output of speculative_flash_decode and what
+// flash_decode_rows gives each of its tokens.
 #pragma once
 
 #include <cstddef>

@@ -110,7 +110,8 @@ void flash_partial_avx512(const PartialJob& j) {
       for (int c = 0; c < nd; ++c) {
         const __m512 qv = _mm512_loadu_ps(q + 16 * c);
 #pragma GCC unroll 16
-        for (int u = 0; u < 16; ++u) acc[kSlot[u]] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(krow[u] + off + 16 * c), acc[kSlot[u]]);
+        for (int u = 0; u < 16; ++u)
+          acc[kSlot[u]] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(krow[u] + off + 16 * c), acc[kSlot[u]]);
       }
       _mm512_storeu_ps(j.scores + size_t(h) * ld + t0, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(j.scale)));
     }

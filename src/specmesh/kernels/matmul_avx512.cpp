@@ -367,7 +367,8 @@ void panel_tile(const Problem& p, size_t panel, size_t t, size_t a0, size_t a1) 
     for (int i = 0; i < P; ++i) {
       const __m512 wd = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc[i] + kRows * b)));
       for (int j = 0; j < T; ++j)
-        acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[i][j]), wd), _mm512_set1_ps(x[j][b].d), acc[i][j]);
+        acc[i][j] =
+            _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[i][j]), wd), _mm512_set1_ps(x[j][b].d), acc[i][j]);
     }
   }
   store_panels<P, T>(p, panel, t, a0, a1, acc);
@@ -433,7 +434,8 @@ constexpr int kPanelsMax = 4, kPanelTokensMax = 6;
 using PanelTable = PanelFn[kPanelsMax][kPanelTokensMax];
 
 #define SPECMESH_PANEL_ROW(W, P) \
-  {panel_tile<W, P, 1>, panel_tile<W, P, 2>, panel_tile<W, P, 3>, panel_tile<W, P, 4>, panel_tile<W, P, 5>, panel_tile<W, P, 6>}
+  {panel_tile<W, P, 1>, panel_tile<W, P, 2>, panel_tile<W, P, 3>, \
+   panel_tile<W, P, 4>, panel_tile<W, P, 5>, panel_tile<W, P, 6>}
 #define SPECMESH_PANEL_TABLE(W) \
   {SPECMESH_PANEL_ROW(W, 1), SPECMESH_PANEL_ROW(W, 2), SPECMESH_PANEL_ROW(W, 3), SPECMESH_PANEL_ROW(W, 4)}
 constexpr PanelTable kPanelQ8_0 = SPECMESH_PANEL_TABLE(PanelQ8_0);
