@@ -247,8 +247,28 @@ void matmul_rows(const WeightView& w, size_t row_begin, size_t row_end, const fl
   // shared by all rows and threads.
   thread_local std::vector<ActQ8> act;
   const bool packed = isa == Isa::Avx512 && w.packed != nullptr && PackedWeights::packable(w.type);
-  if (w.type == DType::Q8_0 || w.type == DType::Q4_0 || packed) {
-    const size_t nb = w.cols / QK8_0;
+  const size_t nb = w.cols / QK8_0;
+#ifdef SPECMESH_HAVE_AVX2_TU
+  if (packed) {
+    // Quantised straight into the packed kernels' blocks, with each block's integer sum
+    // starting at -offset * sum(q) and a min's term d * sum(q).
+    const int32_t offset = w.type == DType::Q8_0 ? 128 : w.type == DType::Q4_0 ? 8 : 0;
+    thread_local std::vector<ActBlk> blocks;
+    blocks.resize(n_tokens * nb);
+    for (size_t t = 0; t < n_tokens; ++t) quantize_act_avx2(x + t * w.cols, w.cols, &blocks[t * nb].q, sizeof(ActBlk));
+    for (ActBlk& b : blocks) {
+      int32_t sum = 0;
+      for (int k = 0; k < QK8_0; ++k) sum += b.q.qs[k];
+      b.corr = -offset * sum;
+      b.dsum = b.q.d * float(sum);
+    }
+    p.xb = blocks.data();
+    p.wp = static_cast<const uint8_t*>(w.packed);
+    p.row0 = row_begin;
+    p.panel_bytes = PackedWeights::panel_bytes(w.type, w.cols);
+  } else
+#endif
+  if (w.type == DType::Q8_0 || w.type == DType::Q4_0) {
     act.resize(n_tokens * nb);
     for (size_t t = 0; t < n_tokens; ++t) {
 #ifdef SPECMESH_HAVE_AVX2_TU
@@ -261,25 +281,7 @@ void matmul_rows(const WeightView& w, size_t row_begin, size_t row_end, const fl
     }
     p.xq = act.data();
 #ifdef SPECMESH_HAVE_AVX2_TU
-    if (packed) {
-      // The packed kernels start each block's integer sum at -offset * sum(q) and take a
-      // min times d * sum(q).
-      const int32_t offset = w.type == DType::Q8_0 ? 128 : w.type == DType::Q4_0 ? 8 : 0;
-      thread_local std::vector<ActBlk> blocks;
-      blocks.resize(n_tokens * nb);
-      for (size_t i = 0; i < n_tokens * nb; ++i) {
-        int32_t sum = 0;
-        for (int k = 0; k < QK8_0; ++k) sum += act[i].qs[k];
-        std::memcpy(blocks[i].qs, act[i].qs, QK8_0);
-        blocks[i].d = act[i].d;
-        blocks[i].corr = -offset * sum;
-        blocks[i].dsum = act[i].d * float(sum);
-      }
-      p.xb = blocks.data();
-      p.wp = static_cast<const uint8_t*>(w.packed);
-      p.row0 = row_begin;
-      p.panel_bytes = PackedWeights::panel_bytes(w.type, w.cols);
-    } else if (isa == Isa::Avx512) {
+    if (isa == Isa::Avx512) {
       // 64-byte aligned, for the kernels' whole-register loads.
       thread_local std::vector<uint8_t> packed_act;
       const size_t per_token = packed_act_bytes(w.cols);

@@ -22,7 +22,6 @@
 namespace specmesh::mm {
 
 void gemm_rows_avx2(const Problem& p, size_t r0, size_t r1);
-void quantize_act_avx2(const float* x, size_t cols, ActQ8* out);
 
 namespace {
 
@@ -416,10 +415,11 @@ void gemm_rows_avx2(const Problem& p, size_t r0, size_t r1) {
   }
 }
 
-void quantize_act_avx2(const float* x, size_t cols, ActQ8* out) {
+void quantize_act_avx2(const float* x, size_t cols, ActQ8* out_blocks, size_t stride) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (size_t b = 0; b < cols / QK8_0; ++b, x += QK8_0) {
+    ActQ8& out = *reinterpret_cast<ActQ8*>(reinterpret_cast<uint8_t*>(out_blocks) + b * stride);
     __m256 v[4];
     __m256 amax = _mm256_setzero_ps();
     for (int k = 0; k < 4; ++k) {
@@ -432,7 +432,7 @@ void quantize_act_avx2(const float* x, size_t cols, ActQ8* out) {
     // Same scalar steps as the portable quantizer, so both paths produce identical blocks.
     const float d = _mm_cvtss_f32(m) / 127;
     const float id = d != 0 ? 1 / d : 0;
-    out[b].d = d;
+    out.d = d;
     const __m256 idv = _mm256_set1_ps(id);
     __m256i q[4];
     for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], idv));  // nearest-even
@@ -442,7 +442,7 @@ void quantize_act_avx2(const float* x, size_t cols, ActQ8* out) {
     __m256i q8 = _mm256_packs_epi16(q01, q23);
     q8 = _mm256_permutevar8x32_epi32(q8, perm);
     q8 = _mm256_max_epi8(q8, _mm256_set1_epi8(-127));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs), q8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.qs), q8);
   }
 }
 

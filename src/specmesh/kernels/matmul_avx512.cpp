@@ -277,7 +277,7 @@ inline void dot_group(const __m512i (&w)[P], const ActBlk* const (&x)[T], size_t
 #pragma GCC unroll 8
   for (int j = 0; j < T; ++j) {
     int32_t xv;
-    std::memcpy(&xv, x[j][xb].qs + at, 4);
+    std::memcpy(&xv, x[j][xb].q.qs + at, 4);
     const __m512i xq = _mm512_set1_epi32(xv);
     for (int i = 0; i < P; ++i) s[i][j] = _mm512_dpbusd_epi32(s[i][j], w[i], xq);
   }
@@ -368,7 +368,7 @@ void panel_tile(const Problem& p, size_t panel, size_t t, size_t a0, size_t a1) 
       const __m512 wd = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc[i] + kRows * b)));
       for (int j = 0; j < T; ++j)
         acc[i][j] =
-            _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[i][j]), wd), _mm512_set1_ps(x[j][b].d), acc[i][j]);
+            _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[i][j]), wd), _mm512_set1_ps(x[j][b].q.d), acc[i][j]);
     }
   }
   store_panels<P, T>(p, panel, t, a0, a1, acc);
@@ -400,7 +400,7 @@ inline void q4_K_sub(const uint8_t* const (&q)[P], const ActBlk* const (&x)[T], 
     const __m512 b = _mm512_mul_ps(dmin[i], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(
                                                 reinterpret_cast<const __m128i*>(meta + 128 + 16 * sub)))));
     for (int j = 0; j < T; ++j) {
-      acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[i][j]), a), _mm512_set1_ps(x[j][xb].d), acc[i][j]);
+      acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[i][j]), a), _mm512_set1_ps(x[j][xb].q.d), acc[i][j]);
       acc[i][j] = _mm512_fnmadd_ps(b, _mm512_set1_ps(x[j][xb].dsum), acc[i][j]);
     }
   }

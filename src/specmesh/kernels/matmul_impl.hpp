@@ -18,8 +18,7 @@ struct ActQ8 {
 // -offset * sum(qs) for a weight type stored with an offset (Q8_0, Q4_0), and d * sum(qs)
 // for one with a per-block min (Q4_K).
 struct ActBlk {
-  int8_t qs[QK8_0];
-  float d;
+  ActQ8 q;
   int32_t corr;
   float dsum;
 };
@@ -48,6 +47,7 @@ void gemm_packed_avx512(const Problem& p, size_t r0, size_t r1);
 // out for whole-register loads: packed_act_bytes(cols) bytes per token (a multiple of 64).
 size_t packed_act_bytes(size_t cols);
 void pack_act_avx512(DType type, const ActQ8* x, size_t cols, uint8_t* out);
-void quantize_act_avx2(const float* x, size_t cols, ActQ8* out);
+// Blocks `stride` bytes apart (an ActQ8 array, or the ActQ8 inside each ActBlk).
+void quantize_act_avx2(const float* x, size_t cols, ActQ8* out, size_t stride = sizeof(ActQ8));
 
 }  // namespace specmesh::mm
