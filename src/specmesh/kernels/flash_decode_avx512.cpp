@@ -2,9 +2,11 @@
 // F/DQ and only called when matmul's AVX-512 path is selected (flash_decode.cpp).
 //
 // Scores: each key's dot product with a head's query is one 16-lane accumulator (head_dim / 16
-// fused multiply-adds in d order); sixteen keys' accumulators are then summed across their
-// lanes together, by a shuffle-and-add tree that fills one vector with the sixteen scores
-// (45 instructions for 16 scores, where a horizontal sum per key costs about 10 each). Values:
+// fused multiply-adds in d order); sixteen accumulators are then summed across their lanes
+// together, by a shuffle-and-add tree that fills one vector with the sixteen scores (45
+// instructions for 16 scores, where a horizontal sum per key costs about 10 each). Four heads
+// that read one KV head take four keys at a time, each key row loaded once for the four;
+// other heads take sixteen keys alone. The weights' maximum and sum are 16 lanes wide. Values:
 // up to four heads of one KV head keep their outputs in registers while the keys pass, so each
 // value row is loaded once for all of them.
 //
@@ -17,6 +19,11 @@
 #if defined(__x86_64__) || defined(__i386__)
 
 #include <immintrin.h>
+
+// GCC 12 warns that the deliberately undefined vector _mm512_shuffle_f32x4 starts from
+// (_mm512_undefined_ps) is used uninitialised once the shuffles are inlined into a loop.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include <cmath>
 
@@ -48,7 +55,7 @@ inline __m512 exp_neg16(__m512 x) {
 
 // The sixteen lane sums of a[0..16), result lane i = sum of a[kOrder[i]]'s lanes: the tree
 // leaves lane 4k + e holding input 4e + k, so inputs are passed in that transposed order.
-inline __m512 sum16(const __m512 (&a)[16]) {
+[[gnu::always_inline]] inline __m512 sum16(const __m512 (&a)[16]) {
   __m512 x[8], y[4], z[2];
   for (int i = 0; i < 8; ++i)  // halves: lanes 0-7 of a[2i], then of a[2i+1]
     x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
@@ -67,6 +74,11 @@ inline __m512 sum16(const __m512 (&a)[16]) {
 // slot kSlot[u] so that lane u holds key u.
 constexpr int kSlot[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
 
+// How many keys ahead the passes ask for key and value rows: rows a cell list names are not
+// where the hardware prefetcher looks (in a large model each row is its own 4 KiB page), and
+// without asking the loads wait on memory (about 1.4x slower at 16K keys).
+constexpr size_t kAhead = 16;
+
 // For heads h0 .. h0 + H (one KV head): o_h[o0 .. o0 + 16 N) = the sum over keys t in index
 // order of w_h[t] * v_t[off .. off + 16 N).
 template <int N, int H>
@@ -77,6 +89,10 @@ inline void accumulate(const PartialJob& j, int h0, size_t ld, size_t off, size_
   const float* w = j.scores + size_t(h0) * ld;
   for (size_t t = 0; t < j.count; ++t) {
     const float* v = j.kv->v + size_t(j.cells[t]) * j.kv->row_stride + off;
+    if (t + kAhead < j.count) {
+      const float* pv = j.kv->v + size_t(j.cells[t + kAhead]) * j.kv->row_stride + off;
+      for (int c = 0; c < N; ++c) _mm_prefetch(reinterpret_cast<const char*>(pv + 16 * c), _MM_HINT_T0);
+    }
     __m512 vv[N];
     for (int c = 0; c < N; ++c) vv[c] = _mm512_loadu_ps(v + 16 * c);
     for (int i = 0; i < H; ++i) {
@@ -88,46 +104,144 @@ inline void accumulate(const PartialJob& j, int h0, size_t ld, size_t off, size_
     for (int c = 0; c < N; ++c) _mm512_storeu_ps(j.o + size_t(h0 + i) * j.head_dim + o0 + 16 * c, acc[i][c]);
 }
 
+// The largest of v's lanes.
+[[gnu::always_inline]] inline float hmax16(__m512 v) {
+  const __m256 a = _mm256_max_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 b = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  b = _mm_max_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_max_ss(b, _mm_movehdup_ps(b)));
+}
+
+// The sum of v's lanes by one fixed tree.
+[[gnu::always_inline]] inline float hsum16(__m512 v) {
+  const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
+}
+
+// Scores of heads [h, h + 4), which read one KV head, for the keys t0 .. t0 + 4 (keys past the
+// last repeat key t0; their lanes are padding): one accumulator per (head, key), each key row
+// loaded once for the four heads. sum16's lane 4i + u is (head i, key u), the accumulator in
+// input slot 4u + i, so each 128-bit lane of the sums is one head's four scores.
+// ND = head_dim / 16 when it is a constant the compiler can unroll (0: read it from the job).
+template <int ND>
+[[gnu::always_inline]] inline void scores_4x4(const PartialJob& j, int h, size_t t0, size_t ld) {
+  const int nd = ND > 0 ? ND : j.head_dim / 16;
+  const float* krow[4];
+  for (size_t u = 0; u < 4; ++u) {
+    const size_t t = t0 + u < j.count ? t0 + u : t0;
+    krow[u] = j.kv->k + size_t(j.cells[t]) * j.kv->row_stride + j.kv_off + j.head_off[h];
+  }
+  const float* q = j.q + size_t(h) * j.head_dim;
+  __m512 acc[16];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (int c = 0; c < nd; ++c) {
+    __m512 qv[4];
+    for (int i = 0; i < 4; ++i) qv[i] = _mm512_loadu_ps(q + size_t(i) * j.head_dim + 16 * c);
+    for (int u = 0; u < 4; ++u) {
+      const __m512 kv = _mm512_loadu_ps(krow[u] + 16 * c);
+      for (int i = 0; i < 4; ++i) acc[4 * u + i] = _mm512_fmadd_ps(qv[i], kv, acc[4 * u + i]);
+    }
+  }
+  const __m512 s = _mm512_mul_ps(sum16(acc), _mm512_set1_ps(j.scale));
+  float* out = j.scores + size_t(h) * ld + t0;
+  _mm_storeu_ps(out, _mm512_extractf32x4_ps(s, 0));
+  _mm_storeu_ps(out + ld, _mm512_extractf32x4_ps(s, 1));
+  _mm_storeu_ps(out + 2 * ld, _mm512_extractf32x4_ps(s, 2));
+  _mm_storeu_ps(out + 3 * ld, _mm512_extractf32x4_ps(s, 3));
+}
+
+// Scores of head h alone for the keys t0 .. t0 + 16 (keys past the last repeat key t0).
+inline void scores_16x1(const PartialJob& j, int h, size_t t0, size_t ld) {
+  const int nd = j.head_dim / 16;
+  const float* krow[16];
+  for (size_t u = 0; u < 16; ++u) {
+    const size_t t = t0 + u < j.count ? t0 + u : t0;
+    krow[u] = j.kv->k + size_t(j.cells[t]) * j.kv->row_stride + j.kv_off + j.head_off[h];
+  }
+  const float* q = j.q + size_t(h) * j.head_dim;
+  __m512 acc[16];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (int c = 0; c < nd; ++c) {
+    const __m512 qv = _mm512_loadu_ps(q + 16 * c);
+#pragma GCC unroll 16
+    for (int u = 0; u < 16; ++u)
+      acc[kSlot[u]] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(krow[u] + 16 * c), acc[kSlot[u]]);
+  }
+  _mm512_storeu_ps(j.scores + size_t(h) * ld + t0, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(j.scale)));
+}
+
+// Heads [h, h + 4) read one KV head (so they can share key loads).
+inline bool shares_kv4(const PartialJob& j, int h) {
+  return h + 4 <= j.n_q && j.head_off[h] == j.head_off[h + 3] && j.head_off[h] == j.head_off[h + 1] &&
+         j.head_off[h] == j.head_off[h + 2];
+}
+
 }  // namespace
 
 void flash_partial_avx512(const PartialJob& j) {
   const int D = j.head_dim;  // a multiple of 64 (see flash_decode.cpp)
   const int nd = D / 16;
   const size_t ld = (j.count + 15) / 16 * 16;
-  const size_t stride = j.kv->row_stride;
 
-  // Scores, sixteen keys at a time: sixteen independent accumulators, each adding its key's
-  // products in d order. Past the last key a block repeats key 0 (those lanes are padding).
+  // Scores. A (head, key) score is the same sum in the same order on both routes: one 16-lane
+  // accumulator adding the key's products in d order, its lanes summed by sum16's fixed tree.
+  // Each block first asks for the next block's key rows (the part this job reads).
+  size_t lo = j.head_off[0], hi = j.head_off[0];
+  for (int h = 1; h < j.n_q; ++h) {
+    lo = j.head_off[h] < lo ? j.head_off[h] : lo;
+    hi = j.head_off[h] > hi ? j.head_off[h] : hi;
+  }
+  lo += j.kv_off;
+  hi += j.kv_off + size_t(D);
   for (size_t t0 = 0; t0 < j.count; t0 += 16) {
-    const size_t nt = j.count - t0 < 16 ? j.count - t0 : 16;
-    const float* krow[16];
-    for (size_t u = 0; u < 16; ++u) krow[u] = j.kv->k + size_t(j.cells[t0 + (u < nt ? u : 0)]) * stride + j.kv_off;
-    for (int h = 0; h < j.n_q; ++h) {
-      const float* q = j.q + size_t(h) * D;
-      const size_t off = j.head_off[h];
-      __m512 acc[16];
-      for (auto& a : acc) a = _mm512_setzero_ps();
-      for (int c = 0; c < nd; ++c) {
-        const __m512 qv = _mm512_loadu_ps(q + 16 * c);
-#pragma GCC unroll 16
-        for (int u = 0; u < 16; ++u)
-          acc[kSlot[u]] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(krow[u] + off + 16 * c), acc[kSlot[u]]);
+    for (size_t t = t0 + kAhead; t < t0 + kAhead + 16 && t < j.count; ++t) {
+      const size_t row = size_t(j.cells[t]) * j.kv->row_stride;
+      for (size_t x = lo; x < hi; x += 16) {
+        _mm_prefetch(reinterpret_cast<const char*>(j.kv->k + row + x), _MM_HINT_T0);
       }
-      _mm512_storeu_ps(j.scores + size_t(h) * ld + t0, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(j.scale)));
+    }
+    for (int h = 0; h < j.n_q;) {
+      if (shares_kv4(j, h)) {
+        for (size_t u = 0; u < 16 && t0 + u < j.count; u += 4) {
+          if (nd == 4) scores_4x4<4>(j, h, t0 + u, ld);
+          else if (nd == 8) scores_4x4<8>(j, h, t0 + u, ld);
+          else scores_4x4<0>(j, h, t0 + u, ld);
+        }
+        h += 4;
+      } else {
+        scores_16x1(j, h, t0, ld);
+        h += 1;
+      }
     }
   }
 
+  // Weights e^(s - m) in place and their sum: the maximum over the real keys (exact in any
+  // order), then sixteen lanes of partial sums in key order, added by one fixed tree.
+  const size_t full = j.count / 16 * 16;
+  const __mmask16 tail = __mmask16((1u << (j.count - full)) - 1);
   for (int h = 0; h < j.n_q; ++h) {
     float* s = j.scores + size_t(h) * ld;
-    float m = s[0];
-    for (size_t t = 1; t < j.count; ++t) m = s[t] > m ? s[t] : m;
-    for (size_t t = j.count; t < ld; ++t) s[t] = m;  // padding: weights that are never summed
-    const __m512 vm = _mm512_set1_ps(m);
-    for (size_t t = 0; t < ld; t += 16) _mm512_storeu_ps(s + t, exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + t), vm)));
-    float l = 0;
-    for (size_t t = 0; t < j.count; ++t) l += s[t];
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    for (size_t t = 0; t < full; t += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + t));
+    if (tail) vm = _mm512_mask_max_ps(vm, tail, vm, _mm512_loadu_ps(s + full));
+    const float m = hmax16(vm);
+    vm = _mm512_set1_ps(m);
+    __m512 vl = _mm512_setzero_ps();
+    for (size_t t = 0; t < full; t += 16) {
+      const __m512 w = exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + t), vm));
+      _mm512_storeu_ps(s + t, w);
+      vl = _mm512_add_ps(vl, w);
+    }
+    if (tail) {
+      // Padding lanes get weight 0 (they are never summed into an output).
+      const __m512 w = _mm512_maskz_mov_ps(tail, exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + full), vm)));
+      _mm512_storeu_ps(s + full, w);
+      vl = _mm512_add_ps(vl, w);
+    }
     j.m[h] = m;
-    j.l[h] = l;
+    j.l[h] = hsum16(vl);
   }
 
   // Values: H heads of one KV head at a time, their outputs in registers while the keys pass
