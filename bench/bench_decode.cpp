@@ -3,8 +3,9 @@
 //   - decode reads every weight once per token (and, at depth, every cached key and value),
 //     so bandwidth / bytes per token is its roofline;
 //   - prefill is compute-bound, so its roofline is the cores' peak multiply-add rate: f32 FMA
-//     for float and Q6_K weights, 8-bit dot products for Q8_0 / Q4_0 / Q4_K (whose
-//     activations the fastest path quantises to 8 bits: Q4_K on the packed AVX-512 path).
+//     for float weights, 8-bit dot products for Q8_0 / Q4_0 / Q4_K / Q6_K (whose
+//     activations the fastest path quantises to 8 bits: the K-quants on the packed AVX-512
+//     path).
 // Every row is measured on each kernel path given by --isas, interleaved round by round so
 // the paths share the machine's load; "ratio" is the tokens/s ratio to the first path.
 // On a shared machine the threads of a step wait for whichever one the scheduler parked, so
@@ -199,7 +200,7 @@ Peaks peaks(ThreadPool& pool) {
   return {peak_rate(pool, avx512 ? fma_loop_avx512 : fma_loop_avx2), peak_rate(pool, vnni ? int8_loop_vnni : int8_loop_avx2)};
 }
 
-bool int8_dot(DType t) { return t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_K; }
+bool int8_dot(DType t) { return t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_K || t == DType::Q6_K; }
 
 // Multiply-adds x 2 of a prompt of n tokens: every layer matrix once per token, attention over
 // the causal triangle, and the output matrix for the last token only.

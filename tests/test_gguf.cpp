@@ -756,17 +756,17 @@ TEST_F(SyntheticModel, QuantizedTypesWithF16Fallback) {
   EXPECT_NEAR(sd, 1 / 16.0, 0.15 / 16.0);
 }
 
-// A loaded Q8_0 / Q4_0 / Q4_K model gives the AVX-512 path its matrices packed
+// A loaded Q8_0 / Q4_0 / Q4_K / Q6_K model gives the AVX-512 path its matrices packed
 // (PackedWeights), and on every path a batch of prompt tokens yields the same logits bit for
 // bit as one token at a time: prefill and decode read the weights the same way.
 TEST_F(SyntheticModel, QuantizedModelsBatchEqualsSingleStepsOnEveryPath) {
   for (const auto& isa : test::isas()) {
     ASSERT_TRUE(matmul_set_isa(isa.c_str()));
-    for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K}) {
+    for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
       SCOPED_TRACE(isa + " " + std::string(dtype_name(t)));
       SyntheticSpec s = small_spec("llama");
       s.n_ff = 128;
-      if (t == DType::Q4_K) {  // rows of whole 256-blocks
+      if (t == DType::Q4_K || t == DType::Q6_K) {  // rows of whole 256-blocks
         s.n_embd = 256;
         s.head_dim = 64;
         s.n_ff = 512;

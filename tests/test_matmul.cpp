@@ -75,7 +75,7 @@ std::vector<float> activations(size_t n_tokens, size_t cols, uint32_t seed) {
 // packed Q8_0 / Q4_0 weights then add one block at a time, cols/32 additions.)
 // A factor 2 covers the product roundings and second-order terms.
 //
-// For Q8_0/Q4_0 weights, and packed Q4_K on the AVX-512 path, the activations are
+// For Q8_0/Q4_0 weights, and packed Q4_K / Q6_K on the AVX-512 path, the activations are
 // quantised per 32-block to d*q with d = amax/127, |x - d*q| <= d/2, adding
 // sum_b (d_b/2) * sum_{i in b} |w_i|.
 bool quantizes_activations(const Matrix& m) {
@@ -348,9 +348,10 @@ TEST_F(MatmulTest, RejectsBadArguments) {
                std::out_of_range);
   EXPECT_THROW(matmul_rows(WeightView{DType::F32, data.data(), 4, 8}, 3, 2, x.data(), 1, y.data(), pool),
                std::out_of_range);
-  // Only Q8_0, Q4_0 and Q4_K have a packed form.
+  // Only Q8_0, Q4_0, Q4_K and Q6_K have a packed form, of rows of whole blocks.
   EXPECT_THROW(PackedWeights(WeightView{DType::F16, data.data(), 2, 32}), std::invalid_argument);
-  EXPECT_THROW(PackedWeights(WeightView{DType::Q6_K, data.data(), 1, 256}), std::invalid_argument);
+  EXPECT_THROW(PackedWeights(WeightView{DType::BF16, data.data(), 2, 32}), std::invalid_argument);
+  EXPECT_THROW(PackedWeights(WeightView{DType::Q6_K, data.data(), 1, 128}), std::invalid_argument);
   EXPECT_THROW(PackedWeights(WeightView{DType::Q8_0, data.data(), 2, 48}), std::invalid_argument);
 }
 

@@ -257,10 +257,13 @@ void matmul_rows(const WeightView& w, size_t row_begin, size_t row_end, const fl
     blocks.resize(n_tokens * nb);
     for (size_t t = 0; t < n_tokens; ++t) quantize_act_avx2(x + t * w.cols, w.cols, &blocks[t * nb].q, sizeof(ActBlk));
     for (ActBlk& b : blocks) {
-      int32_t sum = 0;
-      for (int k = 0; k < QK8_0; ++k) sum += b.q.qs[k];
+      int32_t half[2] = {0, 0};
+      for (int k = 0; k < QK8_0; ++k) half[k / 16] += b.q.qs[k];
+      const int32_t sum = half[0] + half[1];
       b.corr = -offset * sum;
       b.dsum = b.q.d * float(sum);
+      b.half_corr[0] = -32 * half[0];
+      b.half_corr[1] = -32 * half[1];
     }
     p.xb = blocks.data();
     p.wp = static_cast<const uint8_t*>(w.packed);

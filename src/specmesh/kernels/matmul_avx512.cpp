@@ -26,6 +26,11 @@
 
 #include <immintrin.h>
 
+// GCC 12 warns that the deliberately undefined vector some intrinsics start from
+// (_mm512_undefined_ps and kin) is used uninitialised once they are inlined into loops.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #include <cstring>
 
 #include "specmesh/kernels/ggml_types.hpp"
@@ -430,6 +435,50 @@ void panel_tile_q4_K(const Problem& p, size_t panel, size_t t, size_t a0, size_t
   store_panels<P, T>(p, panel, t, a0, a1, acc);
 }
 
+// Q6_K panels (PackedWeights::kQ6KBytes per super-block): per sub-block of 16, the 16 rows'
+// scale a = d * sc (exact in f32) and, with the unsigned quants q = value + 32,
+//   acc = fma(float(sum q * x - 32 * sum x) * a, d_x, acc)
+// the integer sum exact, one rounding chain per output in sub-block order.
+template <int P, int T>
+void panel_tile_q6_K(const Problem& p, size_t panel, size_t t, size_t a0, size_t a1) {
+  const size_t nsb = p.cols / QK_K, nb = p.cols / QK8_0;
+  const ActBlk* x[T];
+  for (int j = 0; j < T; ++j) x[j] = p.xb + (t + j) * nb;
+  __m512 acc[P][T];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm512_setzero_ps();
+  for (size_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* q[P];
+    __m512 d[P];
+    for (int i = 0; i < P; ++i) {
+      q[i] = p.wp + (panel + i) * p.panel_bytes + sb * (4096 + 64 + 256);
+      d[i] = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(q[i] + 4096)));
+    }
+    for (size_t sub = 0; sub < QK_K / 16; ++sub) {
+      const size_t xb = sb * 8 + sub / 2, half = sub % 2;
+      __m512i s[P][T];
+      for (int j = 0; j < T; ++j) {
+        const __m512i c = _mm512_set1_epi32(x[j][xb].half_corr[half]);
+        for (int i = 0; i < P; ++i) s[i][j] = c;
+      }
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) {
+        __m512i w[P];
+        for (int i = 0; i < P; ++i) w[i] = _mm512_load_si512(q[i] + (sub / 2) * 512 + 64 * (4 * half + g));
+        dot_group(w, x, xb, int(16 * half) + 4 * g, s);
+      }
+      for (int i = 0; i < P; ++i) {
+        const __m512 a = _mm512_mul_ps(d[i], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                 _mm_load_si128(reinterpret_cast<const __m128i*>(q[i] + 4160 + 16 * sub)))));
+        for (int j = 0; j < T; ++j)
+          acc[i][j] =
+              _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[i][j]), a), _mm512_set1_ps(x[j][xb].q.d), acc[i][j]);
+      }
+    }
+  }
+  store_panels<P, T>(p, panel, t, a0, a1, acc);
+}
+
 constexpr int kPanelsMax = 4, kPanelTokensMax = 6;
 using PanelTable = PanelFn[kPanelsMax][kPanelTokensMax];
 
@@ -445,6 +494,11 @@ constexpr PanelTable kPanelQ4_0 = SPECMESH_PANEL_TABLE(PanelQ4_0);
   {panel_tile_q4_K<P, 1>, panel_tile_q4_K<P, 2>, panel_tile_q4_K<P, 3>, panel_tile_q4_K<P, 4>, panel_tile_q4_K<P, 5>, \
    panel_tile_q4_K<P, 6>}
 constexpr PanelTable kPanelQ4_K = SPECMESH_PANEL_TABLE(-);
+#undef SPECMESH_PANEL_ROW
+#define SPECMESH_PANEL_ROW(W, P)                                                                               \
+  {panel_tile_q6_K<P, 1>, panel_tile_q6_K<P, 2>, panel_tile_q6_K<P, 3>, panel_tile_q6_K<P, 4>, panel_tile_q6_K<P, 5>, \
+   panel_tile_q6_K<P, 6>}
+constexpr PanelTable kPanelQ6_K = SPECMESH_PANEL_TABLE(-);
 #undef SPECMESH_PANEL_TABLE
 #undef SPECMESH_PANEL_ROW
 
@@ -475,7 +529,10 @@ void gemm_rows_avx512(const Problem& p, size_t r0, size_t r1) {
 
 void gemm_packed_avx512(const Problem& p, size_t r0, size_t r1) {
   constexpr size_t kRows = 16, kDecodePanels = 4, kBatchPanels = 2;
-  const PanelTable& tab = p.type == DType::Q8_0 ? kPanelQ8_0 : p.type == DType::Q4_0 ? kPanelQ4_0 : kPanelQ4_K;
+  const PanelTable& tab = p.type == DType::Q8_0   ? kPanelQ8_0
+                          : p.type == DType::Q4_0 ? kPanelQ4_0
+                          : p.type == DType::Q4_K ? kPanelQ4_K
+                                                  : kPanelQ6_K;
   const size_t a0 = p.row0 + r0, a1 = p.row0 + r1;
   const size_t pan0 = a0 / kRows, pan1 = (a1 + kRows - 1) / kRows;
   const size_t pm = p.n_tokens == 1 ? kDecodePanels : kBatchPanels, tm = p.n_tokens == 1 ? 1 : kPanelTokensMax;

@@ -15,12 +15,14 @@ struct ActQ8 {
   int8_t qs[QK8_0];
 };
 // The same as the packed kernels read it (see PackedWeights and matmul_avx512.cpp): with
-// -offset * sum(qs) for a weight type stored with an offset (Q8_0, Q4_0), and d * sum(qs)
-// for one with a per-block min (Q4_K).
+// -offset * sum(qs) for a weight type stored with an offset (Q8_0, Q4_0), d * sum(qs) for
+// one with a per-block min (Q4_K), and -32 * the sums of each half for Q6_K (whose quants
+// are stored unsigned, q + 32, with a scale per 16 elements).
 struct ActBlk {
   ActQ8 q;
   int32_t corr;
   float dsum;
+  int32_t half_corr[2];
 };
 struct Problem {
   DType type;

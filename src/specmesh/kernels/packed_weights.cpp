@@ -13,13 +13,16 @@
 
 namespace specmesh {
 
-bool PackedWeights::packable(DType type) { return type == DType::Q8_0 || type == DType::Q4_0 || type == DType::Q4_K; }
+bool PackedWeights::packable(DType type) {
+  return type == DType::Q8_0 || type == DType::Q4_0 || type == DType::Q4_K || type == DType::Q6_K;
+}
 
 bool PackedWeights::wanted(DType type) { return packable(type) && std::strcmp(matmul_isa(), "avx512") == 0; }
 
 size_t PackedWeights::quant_bytes(DType type) {
   switch (type) {
-    case DType::Q8_0: return kPanelRows * QK8_0;
+    case DType::Q8_0:
+    case DType::Q6_K: return kPanelRows * QK8_0;
     case DType::Q4_0: return kPanelRows * QK4_0 / 2;
     case DType::Q4_K: return kPanelRows * QK8_0 / 2;
     default: throw std::invalid_argument("PackedWeights: " + std::string(dtype_name(type)) + " has no packed form");
@@ -28,6 +31,7 @@ size_t PackedWeights::quant_bytes(DType type) {
 
 size_t PackedWeights::panel_bytes(DType type, size_t cols) {
   if (type == DType::Q4_K) return cols / QK_K * kQ4KBytes;
+  if (type == DType::Q6_K) return cols / QK_K * kQ6KBytes;
   const size_t bytes = cols / QK8_0 * (quant_bytes(type) + kPanelRows * sizeof(uint16_t));
   return (bytes + 63) / 64 * 64;  // every panel starts 64-byte aligned
 }
@@ -51,6 +55,7 @@ PackedWeights::PackedWeights(const WeightView& w) {
   if (align == kHuge) madvise(data_.get(), data_bytes, MADV_HUGEPAGE);  // a hint; fine to fail
   std::memset(data_.get() + bytes_, 0, data_bytes - bytes_);
   if (w.type == DType::Q4_K) pack_q4_K(w, panel);
+  else if (w.type == DType::Q6_K) pack_q6_K(w, panel);
   else pack_q8_0_q4_0(w, panel);
 }
 
@@ -110,6 +115,28 @@ void PackedWeights::pack_q4_K(const WeightView& w, size_t panel) {
         d[r] = b.d;
         d[kPanelRows + r] = b.dmin;
         for (int s = 0; s < 8; ++s) q4_K_scale_min(b.scales, s, sc[16 * s + r], sc[128 + 16 * s + r]);
+      }
+    }
+  }
+}
+
+void PackedWeights::pack_q6_K(const WeightView& w, size_t panel) {
+  const size_t nsb = w.cols / QK_K, panels = bytes_ / panel;
+  const auto* rows = static_cast<const block_q6_K*>(w.data);
+  for (size_t p = 0; p < panels; ++p) {
+    for (size_t sb = 0; sb < nsb; ++sb) {
+      uint8_t* dst = data_.get() + p * panel + sb * kQ6KBytes;
+      auto* d = reinterpret_cast<uint16_t*>(dst + 4096);
+      auto* sc = reinterpret_cast<int8_t*>(dst + 4096 + 64);
+      std::memset(d, 0, 64);
+      for (size_t r = 0; r < kPanelRows; ++r) {
+        const size_t row = p * kPanelRows + r;
+        const block_q6_K* b = row < w.rows ? &rows[row * nsb + sb] : nullptr;  // past the end: zeros
+        // Element e is byte e % 4 of group (e % 32) / 4 of block e / 32.
+        for (int e = 0; e < QK_K; ++e)
+          dst[(e / 32) * 512 + ((e % 32) / 4) * 64 + r * 4 + e % 4] = b ? q6_K_quant(*b, e) : 0;
+        d[r] = b ? b->d : 0;
+        for (int s = 0; s < QK_K / 16; ++s) sc[16 * s + r] = b ? b->scales[s] : 0;
       }
     }
   }

@@ -1,4 +1,4 @@
-// Q8_0, Q4_0 and Q4_K weights rearranged for the AVX-512 integer kernels.
+// Q8_0, Q4_0, Q4_K and Q6_K weights rearranged for the AVX-512 integer kernels.
 //
 // The file layout keeps a row's blocks together, so an integer dot product fills each SIMD
 // lane with part of one output and needs a float scale-and-add per block pair per output,
@@ -21,6 +21,13 @@
 //                      4g..; high nibbles: sub-block 2c + 1);
 //   32 + 32            the 16 rows' d, then dmin (f16);
 //   128 + 128          the 6-bit scales, then mins, of sub-block s for the 16 rows at 16 s.
+// A Q6_K panel, per super-block of 256 (kQ6KBytes):
+//   4096               8 blocks of 32 elements laid out as Q8_0's, each quant one unsigned
+//                      byte 0..63 (its 6 bits unpacked: Q6_K's bit planes cost more to
+//                      split in the kernel than the extra bytes cost to read);
+//   32 + 32            the 16 rows' d (f16), then padding;
+//   256                the signed 8-bit scale of sub-block s (16 elements) for the 16 rows
+//                      at 16 s.
 // Rows past the matrix in the last panel are zero weights with scale 0.
 #pragma once
 
@@ -39,18 +46,20 @@ class PackedWeights {
   static constexpr size_t kPanelRows = 16;
 
   static constexpr size_t kQ4KBytes = 2048 + 64 + 256;  // one super-block of a panel
+  static constexpr size_t kQ6KBytes = 4096 + 64 + 256;
 
-  // Whether the type has a packed form: Q8_0, Q4_0 and Q4_K.
+  // Whether the type has a packed form: Q8_0, Q4_0, Q4_K and Q6_K.
   static bool packable(DType type);
   // Whether matrices of this type are packed while `matmul_isa()` is the path that reads
   // them: the packable types on the AVX-512 path.
   static bool wanted(DType type);
-  // Interleaved quant bytes per 32-block of one panel (512 for Q8_0, 256 for Q4_0 and Q4_K).
+  // Interleaved quant bytes per 32-block of one panel (512 for Q8_0 and Q6_K, 256 for Q4_0
+  // and Q4_K).
   static size_t quant_bytes(DType type);
   // Bytes of one panel of a row of `cols` values (a multiple of 64).
   static size_t panel_bytes(DType type, size_t cols);
 
-  // Packs `w` (Q8_0, Q4_0 or Q4_K; std::invalid_argument otherwise).
+  // Packs `w` (Q8_0, Q4_0, Q4_K or Q6_K; std::invalid_argument otherwise).
   explicit PackedWeights(const WeightView& w);
 
   // 64-byte aligned; lives as long as this object (moves keep the address).
@@ -60,6 +69,7 @@ class PackedWeights {
  private:
   void pack_q8_0_q4_0(const WeightView& w, size_t panel);
   void pack_q4_K(const WeightView& w, size_t panel);
+  void pack_q6_K(const WeightView& w, size_t panel);
 
   struct Free {
     void operator()(uint8_t* p) const;
