@@ -186,6 +186,29 @@ TEST(Examples, DFlashTopologyGeneratesTheTokensOfGenerate) {
   }
 }
 
+// `run --spawn` hands its strategy parameters to the nodes it starts: the ALSpec groups then
+// speculate over a 16-key window with lambda = 0, so every check past 2 x 16 keys misses
+// (with the file's window of 128 every check of this short run is exact, and a hit).
+TEST(Examples, RunSpawnPassesItsParametersToTheNodes) {
+  SPECMESH_REQUIRE_REFDATA();
+  const nlohmann::json want = generate_reference(48);
+  for (const std::string params : {"", " --param window=16 --param lambda=0"}) {
+    SCOPED_TRACE(params);
+    auto r = shell(cli("run " + kExamples + "alspec-pair.toml --spawn -p '" + kPrompt + "' -n 48 --json" + params));
+    ASSERT_EQ(r.status, 0) << r.out;
+    const nlohmann::json got = test::last_json(r.out);
+    ASSERT_TRUE(got.is_object()) << r.out;
+    EXPECT_EQ(got["ids"], want["ids"]);
+    const double hit_rate = got["stats"]["attention_hit_rate"].get<double>();
+    if (params.empty()) {
+      EXPECT_EQ(hit_rate, 1.0);
+    } else {
+      EXPECT_GT(hit_rate, 0.0);  // the exact checks of the first 32 keys
+      EXPECT_LT(hit_rate, 0.9);
+    }
+  }
+}
+
 TEST(Examples, BrokenTopologyNamesFileLineAndKey) {
   SPECMESH_REQUIRE_REFDATA();
   // The single-process example with one wrong value, kept in the examples folder so the

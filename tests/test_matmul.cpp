@@ -42,7 +42,7 @@ struct Matrix {
   }
 };
 
-// Q8_0 / Q4_0 / Q4_K matrices come with their packed copy (as a loaded model's do) unless
+// Q8_0 / Q4_0 / Q4_K / Q6_K matrices come with their packed copy (as a loaded model's do) unless
 // `pack` is false, which leaves the AVX-512 path its row-major kernels.
 Matrix make_matrix(DType t, size_t rows, size_t cols, uint32_t seed, bool pack = true) {
   Matrix m{t, rows, cols, std::vector<uint8_t>(rows * row_bytes(t, cols)), std::vector<float>(rows * cols), nullptr};

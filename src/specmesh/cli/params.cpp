@@ -77,4 +77,12 @@ std::map<std::string, ParamValue> ParamOptions::values(const CLI::App& cmd) cons
   return out;
 }
 
+void override_run(Topology& topo, const std::string& strategy, const std::map<std::string, ParamValue>& params) {
+  if (!strategy.empty() && strategy != topo.run.strategy) {
+    topo.run.strategy = strategy;
+    topo.run.params.clear();
+  }
+  for (const auto& [k, v] : params) topo.run.params[k] = v;
+}
+
 }  // namespace specmesh

@@ -33,4 +33,8 @@ class ParamOptions {
   std::map<std::string, std::string> first_flag_;                   // parameter -> its first flag
 };
 
+// Command-line choices over a topology file's [run]: a strategy other than the file's starts
+// from its defaults (the file's parameters are another strategy's), then `params` override.
+void override_run(Topology& topo, const std::string& strategy, const std::map<std::string, ParamValue>& params);
+
 }  // namespace specmesh

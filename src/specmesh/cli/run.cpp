@@ -42,12 +42,7 @@ int run_topology(const RunOptions& o, const CLI::App& cmd) {
   ro.port_base = o.port_base;
   ro.allow_remote = o.allow_remote;
   Topology topo = Topology::load(o.config);
-  // Command-line choices override the file's [run] strategy and parameters.
-  if (!o.strategy.empty() && o.strategy != topo.run.strategy) {
-    topo.run.strategy = o.strategy;
-    topo.run.params.clear();
-  }
-  for (const auto& [k, v] : o.params.values(cmd)) topo.run.params[k] = v;
+  override_run(topo, o.strategy, o.params.values(cmd));
   auto rt = std::make_unique<Runtime>(std::move(topo), ro);
   GenerationRequest req;
   req.prompt = o.prompt;
@@ -85,7 +80,7 @@ int run_topology(const RunOptions& o, const CLI::App& cmd) {
 }
 
 int run_node(const std::string& config, const std::string& name, int port_base, const std::string& keys,
-             bool allow_remote) {
+             bool allow_remote, const std::string& strategy, const std::map<std::string, ParamValue>& params) {
   // Block the stop signals before any thread starts, then wait for one of them.
   sigset_t set;
   sigemptyset(&set);
@@ -95,6 +90,7 @@ int run_node(const std::string& config, const std::string& name, int port_base, 
 
   Topology topo = Topology::load(config);
   if (!topo.nodes.count(name)) throw ConfigError(config + ": no node named '" + name + "' in [nodes]");
+  override_run(topo, strategy, params);
   if (port_base > 0) move_endpoints(topo, port_base);
   if (!keys.empty()) topo.security.keys = std::filesystem::absolute(keys).string();
   if (allow_remote) topo.security.allow_remote = true;
@@ -148,6 +144,8 @@ void register_node(CLI::App& app) {
     int port_base = -1;
     std::string keys;
     bool allow_remote = false;
+    std::string strategy;
+    ParamOptions params;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand("node", "Serve one node of a topology in this process until SIGTERM/SIGINT");
@@ -160,7 +158,12 @@ void register_node(CLI::App& app) {
                   "node's NAME.key");
   cmd->add_flag("--allow-remote", o->allow_remote,
                 "listen on an address other than loopback (as [security] allow_remote; needs keys)");
-  cmd->callback([o] { run_node(o->config, o->name, o->port_base, o->keys, o->allow_remote); });
+  cmd->add_option("--strategy", o->strategy,
+                  "override run.strategy (" + strategy_names() + "; `specmesh run --spawn` passes its own)");
+  o->params.add_to(*cmd);
+  cmd->callback([o, cmd] {
+    run_node(o->config, o->name, o->port_base, o->keys, o->allow_remote, o->strategy, o->params.values(*cmd));
+  });
 }
 
 }  // namespace specmesh

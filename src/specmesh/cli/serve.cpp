@@ -51,11 +51,7 @@ std::string read_text(const std::string& path) {
 Topology configuration(const ServeCommand& o, const CLI::App& cmd) {
   if (!o.config.empty()) {
     Topology t = Topology::load(o.config);
-    if (!o.strategy.empty() && o.strategy != t.run.strategy) {
-      t.run.strategy = o.strategy;
-      t.run.params.clear();
-    }
-    for (const auto& [k, v] : o.params.values(cmd)) t.run.params[k] = v;
+    override_run(t, o.strategy, o.params.values(cmd));
     if (o.n_ctx > 0) t.run.n_ctx = o.n_ctx;
     return t;
   }

@@ -13,6 +13,8 @@
 #include "specmesh/runtime/node_processes.hpp"
 #include "specmesh/runtime/port_base.hpp"
 #include "specmesh/runtime/request.hpp"
+#include "specmesh/speculation/params.hpp"
+#include "specmesh/speculation/registry.hpp"
 
 namespace specmesh {
 
@@ -69,6 +71,15 @@ Runtime::Runtime(Topology topology, RuntimeOptions options) : impl_(std::make_un
       m.topo.security.keys = m.keys->dir();
       child_args.insert(child_args.end(), {"--keys", m.keys->dir()});
     }
+  }
+  // The nodes it starts read the file: the strategy and parameters this run was given on top
+  // of it go with them, so every node builds the same strategy with the same settings.
+  if (m.opts.spawn_nodes && !m.topo.run.strategy.empty()) {
+    const StrategyInfo& info = strategy(m.topo.run.strategy);
+    child_args.insert(child_args.end(), {"--strategy", m.topo.run.strategy});
+    for (const auto& [key, value] : m.topo.run.params)
+      if (const ParamSpec* spec = info.param(key))
+        child_args.insert(child_args.end(), {"--param", key + "=" + format_value(*spec, value)});
   }
   check_security(m.topo, here);
   // A second run of the same file must not take the first one's addresses (ZeroMQ would

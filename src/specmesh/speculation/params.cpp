@@ -1,5 +1,6 @@
 #include "specmesh/speculation/params.hpp"
 
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -35,9 +36,11 @@ namespace {
 std::string format_number(ParamType t, double v) {
   if (t == ParamType::Bool) return v != 0 ? "true" : "false";
   if (t == ParamType::Int || t == ParamType::IntList) return std::to_string(int64_t(v));
-  std::ostringstream s;
-  s << v;
-  return s.str();
+  // The shortest text that reads back as the same double ("0.1", not "0.10000000000000001"),
+  // so a value passed on to another process's command line arrives unchanged.
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 }  // namespace
 
