@@ -5,7 +5,8 @@
 //   - prefill is compute-bound, so its roofline is the cores' peak multiply-add rate: f32 FMA
 //     for float weights, 8-bit dot products for Q8_0 / Q4_0 / Q4_K / Q6_K (whose
 //     activations the fastest path quantises to 8 bits: the K-quants on the packed AVX-512
-//     path).
+//     path), bf16 pair dot products for BF16 where the CPU has AVX-512 BF16 (the peak of
+//     every path is the best one's: the avx2 rows' share is lower than their own peak's).
 // Every row is measured on each kernel path given by --isas, interleaved round by round so
 // the paths share the machine's load; "ratio" is the tokens/s ratio to the first path.
 // On a shared machine the threads of a step wait for whichever one the scheduler parked, so
@@ -174,6 +175,20 @@ __attribute__((target("avx512f,avx512vnni"))) uint64_t int8_loop_vnni() {
   return uint64_t(kPeakIters) * 12 * 64 * 2;
 }
 
+// bf16 pairs with AVX-512 BF16: vdpbf16ps adds two products per f32 lane.
+__attribute__((target("avx512f,avx512bf16"))) uint64_t bf16_loop() {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(float(i));
+  const __m512bh u = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5f), _mm512_set1_ps(0.25f));
+  const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(-1e-3f));
+  for (int it = 0; it < kPeakIters; ++it)
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbf16_ps(a[i], u, v);
+  __m512 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
+  if (_mm512_reduce_add_ps(s) == 12345.0f) std::fprintf(stderr, "impossible\n");
+  return uint64_t(kPeakIters) * 12 * 32 * 2;
+}
+
 // The best of three runs on every thread at once, in G operations per second.
 double peak_rate(ThreadPool& pool, uint64_t (*loop)()) {
   double best = 0;
@@ -192,12 +207,15 @@ double peak_rate(ThreadPool& pool, uint64_t (*loop)()) {
 struct Peaks {
   double f32 = 0;   // GFLOP/s
   double int8 = 0;  // G int8 ops/s
+  double bf16 = 0;  // GFLOP/s of bf16 pairs (0 without AVX-512 BF16)
 };
 
 Peaks peaks(ThreadPool& pool) {
   const bool avx512 = __builtin_cpu_supports("avx512f");
   const bool vnni = avx512 && __builtin_cpu_supports("avx512vnni");
-  return {peak_rate(pool, avx512 ? fma_loop_avx512 : fma_loop_avx2), peak_rate(pool, vnni ? int8_loop_vnni : int8_loop_avx2)};
+  const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
+  return {peak_rate(pool, avx512 ? fma_loop_avx512 : fma_loop_avx2), peak_rate(pool, vnni ? int8_loop_vnni : int8_loop_avx2),
+          bf16 ? peak_rate(pool, bf16_loop) : 0.0};
 }
 
 bool int8_dot(DType t) { return t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_K || t == DType::Q6_K; }
@@ -301,10 +319,13 @@ int main(int argc, char** argv) {
       ThreadPool pool(th);
       const double bw = read_bandwidth(pool, size_t(1) << 30);
       const Peaks pk = peaks(pool);
-      const double peak = int8_dot(parse_type(tname)) ? pk.int8 : pk.f32;
+      // BF16 weights take bf16 dot products where the path has them (matmul_bf16_dot).
+      const bool bf16_dot = parse_type(tname) == DType::BF16 && pk.bf16 > 0;
+      const double peak = int8_dot(parse_type(tname)) ? pk.int8 : bf16_dot ? pk.bf16 : pk.f32;
+      const char* peak_name = int8_dot(parse_type(tname)) ? "int8" : bf16_dot ? "bf16" : "f32";
       std::printf("\n## %s, %d thread(s): weights %.1f MB, read bandwidth %.2f GB/s, peak f32 FMA %.1f GFLOP/s, "
-                  "peak int8 dot %.1f GOP/s\n",
-                  tname.c_str(), th, weight_bytes / 1e6, bw, pk.f32, pk.int8);
+                  "peak int8 dot %.1f GOP/s, peak bf16 dot %.1f GFLOP/s\n",
+                  tname.c_str(), th, weight_bytes / 1e6, bw, pk.f32, pk.int8, pk.bf16);
       std::printf("%-6s %3s %-14s %-7s %10s %10s %9s %9s %-6s %7s %9s\n", "type", "thr", "row", "path", "tok/s",
                   "roof tok/s", "% roof", "G op/s", "roof", "ratio", "cpu ratio");
       std::fflush(stdout);
@@ -335,7 +356,7 @@ int main(int argc, char** argv) {
           return n / seconds_since(t0);
         });
         print_row(tname.c_str(), th, "prefill " + std::to_string(n), isas, tps, peak * 1e9 / ops_per_token,
-                  int8_dot(parse_type(tname)) ? "int8" : "f32", ops_per_token);
+                  peak_name, ops_per_token);
       }
       // Decode after `depth` cached tokens. The cache cells are claimed without running the
       // prompt (their keys and values are zeros): attention reads every one all the same.

@@ -165,6 +165,15 @@ bool cpu_has_avx512() {
 #endif
 }
 
+// vdpbf16ps, which the AVX-512 path uses for BF16 weights where the CPU has it.
+bool cpu_has_avx512_bf16() {
+#ifdef SPECMESH_HAVE_AVX2_TU
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
 bool cpu_supports(Isa isa) {
   switch (isa) {
     case Isa::Scalar: return true;
@@ -296,6 +305,16 @@ void matmul_rows(const WeightView& w, size_t row_begin, size_t row_end, const fl
 #endif
   }
 
+#ifdef SPECMESH_HAVE_AVX2_TU
+  if (w.type == DType::BF16 && isa == Isa::Avx512 && cpu_has_avx512_bf16()) {  // see matmul_bf16_dot
+    static thread_local std::vector<uint16_t> act_bf16;
+    const size_t per_token = bf16_act_elems(w.cols);
+    act_bf16.resize(n_tokens * per_token);
+    for (size_t t = 0; t < n_tokens; ++t) bf16_act_avx512(x + t * w.cols, w.cols, act_bf16.data() + t * per_token);
+    p.xh = act_bf16.data();
+  }
+#endif
+
   auto run = [&](size_t r0, size_t r1) {
 #ifdef SPECMESH_HAVE_AVX2_TU
     if (p.wp != nullptr) return gemm_packed_avx512(p, r0, r1);
@@ -325,6 +344,8 @@ void matmul(const WeightView& w, const float* x, size_t n_tokens, float* y, Thre
 const char* matmul_isa() { return mm::kIsaNames[int(mm::current_isa())]; }
 
 bool matmul_isa_has_avx2() { return mm::current_isa() != mm::Isa::Scalar; }
+
+bool matmul_bf16_dot() { return mm::current_isa() == mm::Isa::Avx512 && mm::cpu_has_avx512_bf16(); }
 
 bool matmul_set_isa(const char* isa) {
   using namespace mm;

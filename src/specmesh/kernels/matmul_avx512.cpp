@@ -227,6 +227,45 @@ void tile_float(const Problem& p, size_t r, size_t t) {
   store<R, T>(p, r, t, acc);
 }
 
+// BF16 weights x bf16 activations (p.xh): per 32 elements one vdpbf16ps per output, which
+// adds its two bf16 products per lane to the lane in f32. The ragged end loads the weights
+// masked; the activations are zero-padded past the row.
+template <int R, int T>
+[[gnu::target("avx512bf16")]] void tile_bf16_dot(const Problem& p, size_t r, size_t t) {
+  const uint16_t* w[R];
+  const uint16_t* x[T];
+  const size_t xn = bf16_act_elems(p.cols);
+  for (int i = 0; i < R; ++i) w[i] = reinterpret_cast<const uint16_t*>(p.w + (r + i) * p.w_stride);
+  for (int j = 0; j < T; ++j) x[j] = p.xh + (t + j) * xn;
+  __m512 acc[R][T];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm512_setzero_ps();
+  const uint8_t* next = p.w + (r + R) * p.w_stride;
+  const size_t n32 = p.cols & ~size_t(31);
+  for (size_t c = 0; c < n32; c += 32) {
+    prefetch_span<R * 64>(next + c * R * 2);
+    __m512bh wv[R];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) wv[i] = (__m512bh)_mm512_loadu_si512(w[i] + c);
+#pragma GCC unroll 6
+    for (int j = 0; j < T; ++j) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x[j] + c);
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[i], xv);
+    }
+  }
+  if (n32 < p.cols) {
+    const __mmask32 m = __mmask32((uint64_t(1) << (p.cols - n32)) - 1);
+    __m512bh wv[R];
+    for (int i = 0; i < R; ++i) wv[i] = (__m512bh)_mm512_maskz_loadu_epi16(m, w[i] + n32);
+    for (int j = 0; j < T; ++j) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x[j] + n32);
+      for (int i = 0; i < R; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[i], xv);
+    }
+  }
+  store<R, T>(p, r, t, acc);
+}
+
 template <int R, int T> void tile_f32(const Problem& p, size_t r, size_t t) { tile_float<LoadF32, R, T>(p, r, t); }
 template <int R, int T> void tile_f16(const Problem& p, size_t r, size_t t) { tile_float<LoadF16, R, T>(p, r, t); }
 template <int R, int T> void tile_bf16(const Problem& p, size_t r, size_t t) { tile_float<LoadBF16, R, T>(p, r, t); }
@@ -241,6 +280,7 @@ using TileTable = TileFn[kMaxR][kMaxT];
 constexpr TileTable kF32 = SPECMESH_TILE_TABLE(tile_f32);
 constexpr TileTable kF16 = SPECMESH_TILE_TABLE(tile_f16);
 constexpr TileTable kBF16 = SPECMESH_TILE_TABLE(tile_bf16);
+constexpr TileTable kBF16Dot = SPECMESH_TILE_TABLE(tile_bf16_dot);
 constexpr TileTable kQ8_0 = SPECMESH_TILE_TABLE(tile_q8_0);
 constexpr TileTable kQ4_0 = SPECMESH_TILE_TABLE(tile_q4_0);
 
@@ -256,8 +296,9 @@ struct Shape {
 // and scales; the activations are memory operands), 4 x 6 for the float types (24
 // accumulators, 4 weight vectors); measured best of 2..4 x 4..8 on a 5632 x 2048 matrix.
 // A single token streams 4 rows at a time.
-Shape shape_for(DType t, size_t n_tokens) {
+Shape shape_for(DType t, size_t n_tokens, bool bf16_dot) {
   const bool single = n_tokens == 1;
+  if (t == DType::BF16 && bf16_dot) return {&kBF16Dot, 4, single ? 1u : 6u};
   switch (t) {
     case DType::F32: return {&kF32, 4, single ? 1u : 6u};
     case DType::F16: return {&kF16, 4, single ? 1u : 6u};
@@ -505,7 +546,7 @@ constexpr PanelTable kPanelQ6_K = SPECMESH_PANEL_TABLE(-);
 }  // namespace
 
 void gemm_rows_avx512(const Problem& p, size_t r0, size_t r1) {
-  const Shape sh = shape_for(p.type, p.n_tokens);
+  const Shape sh = shape_for(p.type, p.n_tokens, p.xh != nullptr);
   if (sh.table == nullptr) return gemm_rows_avx2(p, r0, r1);  // K-quants
   const size_t rm = sh.rows, tm = sh.tokens;
   // A row block stays in L1/L2 while every token of a token block passes over it; the token
@@ -546,6 +587,21 @@ void gemm_packed_avx512(const Problem& p, size_t r0, size_t r1) {
       const size_t np = min_size(pm, pan1 - pan);
       for (size_t t = t0; t < t1; t += tm) tab[np - 1][min_size(tm, t1 - t) - 1](p, pan, t, a0, a1);
     }
+  }
+}
+
+size_t bf16_act_elems(size_t cols) { return (cols + 31) / 32 * 32; }
+
+[[gnu::target("avx512bf16")]] void bf16_act_avx512(const float* x, size_t cols, uint16_t* out) {
+  size_t c = 0;
+  for (; c + 32 <= cols; c += 32)
+    _mm512_storeu_si512(out + c, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + c + 16), _mm512_loadu_ps(x + c)));
+  if (c < cols) {  // masked loads give zeros past the row
+    const size_t left = cols - c;
+    const __mmask16 lo = __mmask16(left >= 16 ? 0xFFFF : (1u << left) - 1);
+    const __mmask16 hi = __mmask16(left > 16 ? (1u << (left - 16)) - 1 : 0);
+    const __m512 a = _mm512_maskz_loadu_ps(lo, x + c), b = _mm512_maskz_loadu_ps(hi, x + c + 16);
+    _mm512_storeu_si512(out + c, (__m512i)_mm512_cvtne2ps_pbh(b, a));
   }
 }
 

@@ -36,6 +36,8 @@ struct Problem {
   size_t row0;        // the absolute row of `w`, for panels in `wp`
   size_t panel_bytes; // PackedWeights::panel_bytes
   const ActBlk* xb;   // n_tokens x cols/32 activation blocks for `wp`
+  const uint16_t* xh; // BF16 weights on AVX-512 BF16: the activations rounded to bf16, each
+                      // token's padded with zeros to bf16_act_elems(cols); or nullptr
   size_t n_tokens;
   float* y;           // y[t*ldy + r], r relative to w
   size_t ldy;
@@ -49,6 +51,11 @@ void gemm_packed_avx512(const Problem& p, size_t r0, size_t r1);
 // out for whole-register loads: packed_act_bytes(cols) bytes per token (a multiple of 64).
 size_t packed_act_bytes(size_t cols);
 void pack_act_avx512(DType type, const ActQ8* x, size_t cols, uint8_t* out);
+// BF16 weights times bf16 activations with vdpbf16ps (two products per lane per step, summed
+// in f32): a token's activations rounded to bf16 (to nearest even) once per matmul, into
+// bf16_act_elems(cols) elements (zeros past cols). Only for CPUs with AVX-512 BF16.
+size_t bf16_act_elems(size_t cols);
+void bf16_act_avx512(const float* x, size_t cols, uint16_t* out);
 // Blocks `stride` bytes apart (an ActQ8 array, or the ActQ8 inside each ActBlk).
 void quantize_act_avx2(const float* x, size_t cols, ActQ8* out, size_t stride = sizeof(ActQ8));
 
