@@ -1,7 +1,5 @@
 #include "specmesh/kernels/packed_weights.hpp"
 
-#include <sys/mman.h>
-
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -36,31 +34,20 @@ size_t PackedWeights::panel_bytes(DType type, size_t cols) {
   return (bytes + 63) / 64 * 64;  // every panel starts 64-byte aligned
 }
 
-void PackedWeights::Free::operator()(uint8_t* p) const { std::free(p); }
-
 PackedWeights::PackedWeights(const WeightView& w) {
   if (!packable(w.type))
     throw std::invalid_argument("PackedWeights: " + std::string(dtype_name(w.type)) + " has no packed form");
   if (w.cols % traits(w.type).block_elems != 0)
     throw std::invalid_argument("PackedWeights: row length is not a multiple of the block size");
   const size_t panels = (w.rows + kPanelRows - 1) / kPanelRows, panel = panel_bytes(w.type, w.cols);
-  bytes_ = panels * panel;
-  // Large copies start on a 2 MiB boundary and ask for huge pages: a 1 GB model faults in
-  // 500 pages instead of 250 000.
-  constexpr size_t kHuge = size_t(2) << 20;
-  const size_t align = bytes_ >= kHuge ? kHuge : 64;
-  const size_t data_bytes = (bytes_ + align - 1) / align * align;
-  data_.reset(static_cast<uint8_t*>(std::aligned_alloc(align, data_bytes)));
-  if (!data_) throw std::bad_alloc();
-  if (align == kHuge) madvise(data_.get(), data_bytes, MADV_HUGEPAGE);  // a hint; fine to fail
-  std::memset(data_.get() + bytes_, 0, data_bytes - bytes_);
+  data_ = AlignedBuffer(panels * panel, /*zero=*/false);  // every byte is written below
   if (w.type == DType::Q4_K) pack_q4_K(w, panel);
   else if (w.type == DType::Q6_K) pack_q6_K(w, panel);
   else pack_q8_0_q4_0(w, panel);
 }
 
 void PackedWeights::pack_q8_0_q4_0(const WeightView& w, size_t panel) {
-  const size_t qb = quant_bytes(w.type), nb = w.cols / QK8_0, panels = bytes_ / panel;
+  const size_t qb = quant_bytes(w.type), nb = w.cols / QK8_0, panels = data_.size() / panel;
   const size_t stride = row_bytes(w.type, w.cols);
   const auto* src = static_cast<const uint8_t*>(w.data);
   const bool q8 = w.type == DType::Q8_0;
@@ -69,7 +56,7 @@ void PackedWeights::pack_q8_0_q4_0(const WeightView& w, size_t panel) {
   // Q8_0 quants become unsigned (w + 128); a row past the matrix is zero weights.
   const uint32_t flip = q8 ? 0x80808080u : 0u, zero = q8 ? 0x80808080u : 0x88888888u;
   for (size_t p = 0; p < panels; ++p) {
-    uint8_t* q = data_.get() + p * panel;
+    uint8_t* q = data_.data() + p * panel;
     auto* scales = reinterpret_cast<uint16_t*>(q + nb * qb);
     std::memset(scales + nb * kPanelRows, 0, panel - nb * (qb + kPanelRows * sizeof(uint16_t)));
     for (size_t r = 0; r < kPanelRows; ++r) {
@@ -94,11 +81,11 @@ void PackedWeights::pack_q8_0_q4_0(const WeightView& w, size_t panel) {
 }
 
 void PackedWeights::pack_q4_K(const WeightView& w, size_t panel) {
-  const size_t nsb = w.cols / QK_K, panels = bytes_ / panel;
+  const size_t nsb = w.cols / QK_K, panels = data_.size() / panel;
   const auto* rows = static_cast<const block_q4_K*>(w.data);
   for (size_t p = 0; p < panels; ++p) {
     for (size_t sb = 0; sb < nsb; ++sb) {
-      uint8_t* dst = data_.get() + p * panel + sb * kQ4KBytes;
+      uint8_t* dst = data_.data() + p * panel + sb * kQ4KBytes;
       auto* d = reinterpret_cast<uint16_t*>(dst + 2048);
       uint8_t* sc = dst + 2048 + 64;
       for (size_t r = 0; r < kPanelRows; ++r) {
@@ -121,11 +108,11 @@ void PackedWeights::pack_q4_K(const WeightView& w, size_t panel) {
 }
 
 void PackedWeights::pack_q6_K(const WeightView& w, size_t panel) {
-  const size_t nsb = w.cols / QK_K, panels = bytes_ / panel;
+  const size_t nsb = w.cols / QK_K, panels = data_.size() / panel;
   const auto* rows = static_cast<const block_q6_K*>(w.data);
   for (size_t p = 0; p < panels; ++p) {
     for (size_t sb = 0; sb < nsb; ++sb) {
-      uint8_t* dst = data_.get() + p * panel + sb * kQ6KBytes;
+      uint8_t* dst = data_.data() + p * panel + sb * kQ6KBytes;
       auto* d = reinterpret_cast<uint16_t*>(dst + 4096);
       auto* sc = reinterpret_cast<int8_t*>(dst + 4096 + 64);
       std::memset(d, 0, 64);

@@ -33,8 +33,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 
+#include "specmesh/kernels/aligned_buffer.hpp"
 #include "specmesh/kernels/ggml_types.hpp"
 
 namespace specmesh {
@@ -62,20 +62,17 @@ class PackedWeights {
   // Packs `w` (Q8_0, Q4_0, Q4_K or Q6_K; std::invalid_argument otherwise).
   explicit PackedWeights(const WeightView& w);
 
-  // 64-byte aligned; lives as long as this object (moves keep the address).
-  const void* data() const { return data_.get(); }
-  size_t bytes() const { return bytes_; }
+  // 64-byte aligned (2 MiB for large ones); lives as long as this object (moves keep the
+  // address).
+  const void* data() const { return data_.data(); }
+  size_t bytes() const { return data_.size(); }
 
  private:
   void pack_q8_0_q4_0(const WeightView& w, size_t panel);
   void pack_q4_K(const WeightView& w, size_t panel);
   void pack_q6_K(const WeightView& w, size_t panel);
 
-  struct Free {
-    void operator()(uint8_t* p) const;
-  };
-  std::unique_ptr<uint8_t, Free> data_;
-  size_t bytes_ = 0;
+  AlignedBuffer data_;
 };
 
 }  // namespace specmesh

