@@ -224,6 +224,12 @@ std::vector<Case> cases() {
     v.push_back({gqa, 48, 48, n});
     v.push_back({odd, 48, 100, n});
   }
+  // Head sizes that are multiples of 64 take the AVX-512 kernel's routes: four heads of a KV
+  // head at a time (groups of 4 and 8, head_dim 64, 128 and 192), and heads alone (groups of 1
+  // and 2).
+  for (size_t n : {257, 1000})
+    for (const HeadShape& hs : {HeadShape{8, 8, 64}, HeadShape{8, 4, 128}, HeadShape{16, 2, 128}, HeadShape{8, 2, 192}})
+      v.push_back({hs, 128, 128, n});
   // S shorter than a tile: the window may be empty.
   for (size_t n : {32, 33, 40, 63, 64, 65, 200}) v.push_back({mha, 16, 16, n});
   return v;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "specmesh/kernels/aligned_buffer.hpp"
 #include "specmesh/kernels/ggml_types.hpp"
 #include "specmesh/kernels/matmul.hpp"
 #include "specmesh/kernels/packed_weights.hpp"
@@ -340,6 +341,23 @@ TEST_F(MatmulTest, LargeBatchMatchesReference) {
       ASSERT_EQ(std::memcmp(one.data(), y.data() + 69 * rows, rows * sizeof(float)), 0) << isa << " " << dtype_name(t);
     }
   }
+}
+
+// The kernels' memory: 64-byte aligned, 2 MiB aligned from 2 MiB on, zeroed unless asked not
+// to (then only past the requested bytes), and the same address after a move.
+TEST(AlignedBuffer, AlignsZeroesAndMoves) {
+  for (size_t bytes : {size_t(1), size_t(100), size_t(4096), size_t(3) << 20}) {
+    AlignedBuffer b(bytes);
+    ASSERT_EQ(b.size(), bytes);
+    const size_t align = bytes >= (size_t(2) << 20) ? (size_t(2) << 20) : 64;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % align, 0u) << bytes;
+    for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(b.data()[i], 0) << bytes << " " << i;
+    const uint8_t* at = b.data();
+    AlignedBuffer moved = std::move(b);
+    EXPECT_EQ(moved.data(), at);
+  }
+  AlignedBuffer raw(100, /*zero=*/false);
+  for (size_t i = 100; i < 128; ++i) EXPECT_EQ(raw.data()[i], 0) << i;  // the padding
 }
 
 TEST_F(MatmulTest, RejectsBadArguments) {

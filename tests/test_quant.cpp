@@ -280,6 +280,9 @@ TEST(Dequantize, Q6_K) {
     const int q = (low | (high << 4)) - 32;
     const int scale = b.scales[8 * n + l / 16 + 2 * g];
     EXPECT_FLOAT_EQ(y[i], d * scale * q) << i;
+    // The packed kernels' accessor: the stored quant (q + 32) and sub-block i / 16's scale.
+    EXPECT_EQ(q6_K_quant(b, i), q + 32) << i;
+    EXPECT_EQ(b.scales[i / 16], scale) << i;
   }
 }
 
