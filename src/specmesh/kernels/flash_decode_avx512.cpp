@@ -11,8 +11,10 @@
 // value row is loaded once for all of them.
 //
 // Determinism: a key's score adds its lanes in one fixed tree whatever its place among the
-// sixteen, and every sum over keys runs in key order, so as in the AVX2 kernel a head's
-// result does not depend on which heads share a call or which thread runs it.
+// sixteen (and whichever route, four heads or one, computed it); the weights' sum adds keys
+// t, t + 16, ... in each lane, then the lanes by one tree; every output sums its keys in key
+// order. So as in the AVX2 kernel a head's result does not depend on which heads share a
+// call or which thread runs it.
 //
 // Helpers live in an anonymous namespace and no standard-library template is instantiated
 // here (see matmul_avx512.cpp).

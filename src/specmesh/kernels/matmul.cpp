@@ -165,10 +165,12 @@ bool cpu_has_avx512() {
 #endif
 }
 
-// vdpbf16ps, which the AVX-512 path uses for BF16 weights where the CPU has it.
+// vdpbf16ps, which the AVX-512 path uses for BF16 weights where the CPU has it. Asked once:
+// cpuid traps to the hypervisor in a virtual machine.
 bool cpu_has_avx512_bf16() {
 #ifdef SPECMESH_HAVE_AVX2_TU
-  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+  static const bool has = cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+  return has;
 #else
   return false;
 #endif
@@ -307,7 +309,7 @@ void matmul_rows(const WeightView& w, size_t row_begin, size_t row_end, const fl
 
 #ifdef SPECMESH_HAVE_AVX2_TU
   if (w.type == DType::BF16 && isa == Isa::Avx512 && cpu_has_avx512_bf16()) {  // see matmul_bf16_dot
-    static thread_local std::vector<uint16_t> act_bf16;
+    thread_local std::vector<uint16_t> act_bf16;
     const size_t per_token = bf16_act_elems(w.cols);
     act_bf16.resize(n_tokens * per_token);
     for (size_t t = 0; t < n_tokens; ++t) bf16_act_avx512(x + t * w.cols, w.cols, act_bf16.data() + t * per_token);
