@@ -122,6 +122,15 @@ inline void accumulate(const PartialJob& j, int h0, size_t ld, size_t off, size_
   return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
 }
 
+// Head h's part of the key rows of keys t0 .. t0 + U (keys past the last repeat key t0).
+template <size_t U>
+[[gnu::always_inline]] inline void key_rows(const PartialJob& j, int h, size_t t0, const float* (&krow)[U]) {
+  for (size_t u = 0; u < U; ++u) {
+    const size_t t = t0 + u < j.count ? t0 + u : t0;
+    krow[u] = j.kv->k + size_t(j.cells[t]) * j.kv->row_stride + j.kv_off + j.head_off[h];
+  }
+}
+
 // Scores of heads [h, h + 4), which read one KV head, for the keys t0 .. t0 + 4 (keys past the
 // last repeat key t0; their lanes are padding): one accumulator per (head, key), each key row
 // loaded once for the four heads. sum16's lane 4i + u is (head i, key u), the accumulator in
@@ -131,10 +140,7 @@ template <int ND>
 [[gnu::always_inline]] inline void scores_4x4(const PartialJob& j, int h, size_t t0, size_t ld) {
   const int nd = ND > 0 ? ND : j.head_dim / 16;
   const float* krow[4];
-  for (size_t u = 0; u < 4; ++u) {
-    const size_t t = t0 + u < j.count ? t0 + u : t0;
-    krow[u] = j.kv->k + size_t(j.cells[t]) * j.kv->row_stride + j.kv_off + j.head_off[h];
-  }
+  key_rows(j, h, t0, krow);
   const float* q = j.q + size_t(h) * j.head_dim;
   __m512 acc[16];
   for (auto& a : acc) a = _mm512_setzero_ps();
@@ -158,10 +164,7 @@ template <int ND>
 inline void scores_16x1(const PartialJob& j, int h, size_t t0, size_t ld) {
   const int nd = j.head_dim / 16;
   const float* krow[16];
-  for (size_t u = 0; u < 16; ++u) {
-    const size_t t = t0 + u < j.count ? t0 + u : t0;
-    krow[u] = j.kv->k + size_t(j.cells[t]) * j.kv->row_stride + j.kv_off + j.head_off[h];
-  }
+  key_rows(j, h, t0, krow);
   const float* q = j.q + size_t(h) * j.head_dim;
   __m512 acc[16];
   for (auto& a : acc) a = _mm512_setzero_ps();

@@ -385,6 +385,15 @@ inline void store_panels(const Problem& p, size_t panel, size_t t, size_t a0, si
   }
 }
 
+// A panel tile's start: tokens t .. t + T's activation blocks, and zeroed accumulators.
+template <int P, int T>
+inline void start_panels(const Problem& p, size_t t, const ActBlk* (&x)[T], __m512 (&acc)[P][T]) {
+  const size_t nb = p.cols / QK8_0;
+  for (int j = 0; j < T; ++j) x[j] = p.xb + (t + j) * nb;
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm512_setzero_ps();
+}
+
 using PanelFn = void (*)(const Problem&, size_t panel, size_t t, size_t a0, size_t a1);
 
 // Panels [panel, panel + P) x tokens [t, t + T); stores the rows in [a0, a1) (absolute).
@@ -399,10 +408,8 @@ void panel_tile(const Problem& p, size_t panel, size_t t, size_t a0, size_t a1) 
     sc[i] = reinterpret_cast<const uint16_t*>(q[i] + nb * W::kQuantBytes);
   }
   const ActBlk* x[T];
-  for (int j = 0; j < T; ++j) x[j] = p.xb + (t + j) * nb;
   __m512 acc[P][T];
-  for (auto& a : acc)
-    for (auto& v : a) v = _mm512_setzero_ps();
+  start_panels(p, t, x, acc);
   for (size_t b = 0; b < nb; ++b) {
     __m512i s[P][T];
     for (int j = 0; j < T; ++j) {
@@ -454,12 +461,10 @@ inline void q4_K_sub(const uint8_t* const (&q)[P], const ActBlk* const (&x)[T], 
 
 template <int P, int T>
 void panel_tile_q4_K(const Problem& p, size_t panel, size_t t, size_t a0, size_t a1) {
-  const size_t nsb = p.cols / QK_K, nb = p.cols / QK8_0;
+  const size_t nsb = p.cols / QK_K;
   const ActBlk* x[T];
-  for (int j = 0; j < T; ++j) x[j] = p.xb + (t + j) * nb;
   __m512 acc[P][T];
-  for (auto& a : acc)
-    for (auto& v : a) v = _mm512_setzero_ps();
+  start_panels(p, t, x, acc);
   for (size_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* q[P];
     __m512 d[P], dmin[P];
@@ -482,12 +487,10 @@ void panel_tile_q4_K(const Problem& p, size_t panel, size_t t, size_t a0, size_t
 // the integer sum exact, one rounding chain per output in sub-block order.
 template <int P, int T>
 void panel_tile_q6_K(const Problem& p, size_t panel, size_t t, size_t a0, size_t a1) {
-  const size_t nsb = p.cols / QK_K, nb = p.cols / QK8_0;
+  const size_t nsb = p.cols / QK_K;
   const ActBlk* x[T];
-  for (int j = 0; j < T; ++j) x[j] = p.xb + (t + j) * nb;
   __m512 acc[P][T];
-  for (auto& a : acc)
-    for (auto& v : a) v = _mm512_setzero_ps();
+  start_panels(p, t, x, acc);
   for (size_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* q[P];
     __m512 d[P];
