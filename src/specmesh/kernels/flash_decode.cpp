@@ -64,13 +64,6 @@ bool use_avx2() {
 #endif
 }
 
-bool use_avx512() {
-#ifdef SPECMESH_HAVE_AVX2_TU
-  return std::strcmp(matmul_isa(), "avx512") == 0;
-#else
-  return false;
-#endif
-}
 
 // Multiply-adds below which waking the pool costs more than it saves.
 constexpr size_t kSmallWork = size_t(1) << 16;
@@ -219,7 +212,7 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
   const detail::PartialJob job{q, n_q, group, &kv, kv_off, head_off.data(), D, scale,
                                cells, count, o, m, l, scores.data()};
 #ifdef SPECMESH_HAVE_AVX2_TU
-  if (D % 64 == 0 && use_avx512()) return detail::flash_partial_avx512(job);
+  if (D % 64 == 0 && matmul_isa_has_avx512()) return detail::flash_partial_avx512(job);
   if (use_avx2()) return detail::flash_partial_avx2(job);
 #endif
   partial_scalar(job);

@@ -347,7 +347,9 @@ const char* matmul_isa() { return mm::kIsaNames[int(mm::current_isa())]; }
 
 bool matmul_isa_has_avx2() { return mm::current_isa() != mm::Isa::Scalar; }
 
-bool matmul_bf16_dot() { return mm::current_isa() == mm::Isa::Avx512 && mm::cpu_has_avx512_bf16(); }
+bool matmul_isa_has_avx512() { return mm::current_isa() == mm::Isa::Avx512; }
+
+bool matmul_bf16_dot() { return matmul_isa_has_avx512() && mm::cpu_has_avx512_bf16(); }
 
 bool matmul_set_isa(const char* isa) {
   using namespace mm;

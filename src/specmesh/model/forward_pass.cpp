@@ -98,46 +98,26 @@ SpecCheck ForwardPass::attention(int il, float* full, float* spec, const SpecCon
   const int group = hp.n_head / hp.n_head_kv;
   const FlashLayout& layout = ctx_.attention_layout();
 
-  // A decode step whose heads read one cell list: every head in one flash decode, split over
-  // the pool by KV chunks. The list is the same in every layer (a view that varies by layer or
-  // head is per_head()), so it is built once per pass.
-  if (n == 1 && !visible_.per_head()) {
-    if (!step_cells_built_) visible_.cells(0, il, 0, step_cells_);
-    step_cells_built_ = true;
+  if (!visible_.per_head()) {
+    if (!lists_built_) build_cell_lists(il);
     const HeadShape shape{hp.n_head, hp.n_head_kv, D};
-    if (cfg) {
-      if (!spec) throw std::invalid_argument("speculative attention needs a spec buffer");
-      return speculative_flash_decode(q_.data(), shape, scale, rows, step_cells_.data(), step_cells_.size(), full, spec,
-                                      *cfg, &ctx_.pool(), spec_ready);
+    // A decode step: every head in one flash decode, split over the pool by KV chunks.
+    if (n == 1) {
+      if (cfg) {
+        if (!spec) throw std::invalid_argument("speculative attention needs a spec buffer");
+        return speculative_flash_decode(q_.data(), shape, scale, rows, lists_[0], n_cells_[0], full, spec, *cfg,
+                                        &ctx_.pool(), spec_ready);
+      }
+      flash_decode(q_.data(), shape, scale, rows, lists_[0], n_cells_[0], full, layout, &ctx_.pool());
+      return {};
     }
-    flash_decode(q_.data(), shape, scale, rows, step_cells_.data(), step_cells_.size(), full, layout, &ctx_.pool());
+    // Several tokens: all of them in one flash decode, which reads the keys and values they
+    // share (a prompt's, a verified run's cached prefix) once.
+    if (cfg) throw std::invalid_argument("speculative attention needs one token and one cell list");
+    flash_decode_rows(q_.data(), shape, scale, rows, lists_.data(), n_cells_.data(), n, full, layout, &ctx_.pool());
     return {};
   }
   if (cfg) throw std::invalid_argument("speculative attention needs one token and one cell list");
-
-  // Several tokens reading one cell list per token: all of them in one flash decode, which
-  // reads the keys and values they share (a prompt's, a verified run's cached prefix) once.
-  if (!visible_.per_head()) {
-    // The tokens' cell lists one after another in one buffer (one allocation that a pass
-    // reuses), then pointers into it.
-    thread_local std::vector<int32_t> row, cells;
-    thread_local std::vector<const int32_t*> lists;
-    thread_local std::vector<size_t> counts, starts;
-    cells.clear();
-    counts.resize(n);
-    starts.resize(n);
-    for (size_t i = 0; i < n; ++i) {
-      visible_.cells(i, il, 0, row);
-      starts[i] = cells.size();
-      counts[i] = row.size();
-      cells.insert(cells.end(), row.begin(), row.end());
-    }
-    lists.resize(n);
-    for (size_t i = 0; i < n; ++i) lists[i] = cells.data() + starts[i];
-    flash_decode_rows(q_.data(), HeadShape{hp.n_head, hp.n_head_kv, D}, scale, rows, lists.data(), counts.data(), n,
-                      full, layout, &ctx_.pool());
-    return {};
-  }
 
   // A view that gives KV heads their own cells: one work item per (token, KV head), its cell
   // list built once for the query heads that read it, which go through one flash decode (each
@@ -159,6 +139,23 @@ SpecCheck ForwardPass::attention(int il, float* full, float* spec, const SpecCon
   if (n * hp.n_head_kv * size_t(kv_used_) * group * D < 32768) work(0, items);
   else ctx_.pool().parallel_for(items, work);
   return {};
+}
+
+void ForwardPass::build_cell_lists(int il) {
+  const size_t n = size();
+  thread_local std::vector<int32_t> row;
+  cells_.clear();
+  starts_.resize(n);
+  n_cells_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    visible_.cells(i, il, 0, row);
+    starts_[i] = cells_.size();
+    n_cells_[i] = row.size();
+    cells_.insert(cells_.end(), row.begin(), row.end());
+  }
+  lists_.resize(n);
+  for (size_t i = 0; i < n; ++i) lists_[i] = cells_.data() + starts_[i];
+  lists_built_ = true;
 }
 
 void ForwardPass::post_attention(int il, const float* att) {

@@ -68,9 +68,14 @@ class ForwardPass {
   const int kv_used_;  // cells in use, sizing the attention work (the pass's cells included)
   std::vector<float> x_, q_;
   int q_layer_ = -1;  // the layer q_ belongs to
-  // A decode step's cell list, built at its first attention and read by every layer.
-  std::vector<int32_t> step_cells_;
-  bool step_cells_built_ = false;
+  // Each token's cell list (a view not per_head() gives every layer the same), built at the
+  // pass's first attention and read by every layer: token i's n_cells_[i] cells at
+  // cells_[starts_[i]..].
+  void build_cell_lists(int il);
+  std::vector<int32_t> cells_;
+  std::vector<size_t> starts_, n_cells_;
+  std::vector<const int32_t*> lists_;
+  bool lists_built_ = false;
   // Per-layer scratch, sized once for the batch.
   std::vector<float> h_, k_, v_, proj_, gate_, up_;
 };
