@@ -107,6 +107,37 @@ TEST(Cli, SamplingFlagsOutsideTheirRangeAreRefused) {
   }
 }
 
+// --kv-type picks how the KV cache stores rows: every type runs (on this model the greedy ids
+// agree), a type it does not know or a Q8_0 cache on rows that are no multiple of 32 values
+// is a clear error.
+TEST(Cli, KvTypeChoosesTheCacheAndRefusesWhatCannotHoldIt) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string base = "generate -m " + refdata("gguf-models/stories260K.gguf") +
+                           " -p 'Once upon a time' -n 40 --temp 0 --json -t 1 --kv-type ";
+  auto f32 = run(base + "f32");
+  ASSERT_EQ(f32.status, 0) << f32.out;
+  for (const char* type : {"f16", "Q8_0"}) {
+    auto r = run(base + type);
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["ids"], nlohmann::json::parse(f32.out)["ids"]) << type;
+  }
+  auto bad = run(base + "q4_0");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("--kv-type: unknown KV cache type 'q4_0' (expected f16, q8_0 or f32)"), std::string::npos)
+      << bad.out;
+  const std::string odd = testing::TempDir() + "/kv24.gguf";
+  auto made = run("make-model --arch llama --vocab 300 --dim 48 --layers 2 --heads 4 --kv-heads 2 --head-dim 12 "
+                  "--ff 64 -o " + odd);
+  ASSERT_EQ(made.status, 0) << made.out;
+  auto q8 = run("generate -m " + odd + " -p hi -n 4 --kv-type q8_0");
+  EXPECT_NE(q8.status, 0);
+  EXPECT_NE(q8.out.find("a q8_0 KV cache needs rows of a multiple of 32 values; this model's have 24 (use f16)"),
+            std::string::npos)
+      << q8.out;
+  EXPECT_EQ(run("generate -m " + odd + " -p hi -n 4 --kv-type f16").status, 0);
+  std::remove(odd.c_str());
+}
+
 TEST(Cli, BadModelFileIsAClearError) {
   SPECMESH_REQUIRE_REFDATA();
   const std::string bad = testing::TempDir() + "/truncated.gguf";

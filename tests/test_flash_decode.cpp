@@ -406,7 +406,7 @@ TEST_F(FlashDecodeTest, PlainAttentionEqualsSpeculativeFullOutput) {
       std::vector<float> plain(r.full.size()), layer(r.full.size());
       for (int h = 0; h < c.hs.n_head; ++h) {
         const size_t off = size_t(h / group) * D;
-        flash_decode(p.q.data() + h * D, HeadShape{1, 1, int(D)}, p.scale, KvRows{p.kv().k + off, p.kv().v + off, p.kv().row_stride},
+        flash_decode(p.q.data() + h * D, HeadShape{1, 1, int(D)}, p.scale, p.kv().shifted(off),
                      p.cells.data(), p.n, plain.data() + h * D, cfg.layout);
       }
       flash_decode(p.q.data(), c.hs, p.scale, p.kv(), p.cells.data(), p.n, layer.data(), cfg.layout);
@@ -417,6 +417,97 @@ TEST_F(FlashDecodeTest, PlainAttentionEqualsSpeculativeFullOutput) {
 }
 
 // Partials over any split of the keys, merged by flash_combine, give attention.
+// p's keys and values stored as `type`, and p with them widened back to F32.
+struct Stored {
+  std::vector<uint8_t> k, v;
+  DType type;
+  size_t stride;
+  KvRows rows() const { return KvRows{k.data(), v.data(), stride, type}; }
+};
+
+Stored store(Problem& p, DType type) {
+  Stored st{{}, {}, type, p.stride};
+  const size_t row = kv_row_bytes(type, p.stride), n_rows = p.k.size() / p.stride;
+  st.k.resize(n_rows * row);
+  st.v.resize(n_rows * row);
+  for (size_t r = 0; r < n_rows; ++r) {
+    kv_store(type, p.k.data() + r * p.stride, p.stride, st.k.data() + r * row);
+    kv_store(type, p.v.data() + r * p.stride, p.stride, st.v.data() + r * row);
+    kv_load(type, st.k.data() + r * row, 0, p.stride, p.k.data() + r * p.stride);
+    kv_load(type, st.v.data() + r * row, 0, p.stride, p.v.data() + r * p.stride);
+  }
+  return st;
+}
+
+// Rows stored as F16 or Q8_0 give, on every path and thread count, the bits the same kernel
+// gives F32 rows holding their widened values (the SIMD paths read F16 in place and Q8_0
+// widened first; the portable one widens both), and the widening is what kv_load gives.
+TEST_F(FlashDecodeTest, StoredTypesReadAsTheirWidenedValues) {
+  ThreadPool two(2);
+  for (const std::string& isa : isas()) {
+    use(isa);
+    for (const HeadShape& hs : {HeadShape{8, 2, 64}, HeadShape{8, 8, 64}, HeadShape{16, 2, 128}, HeadShape{4, 4, 32},
+                                HeadShape{6, 3, 20}}) {
+      for (DType type : {DType::F16, DType::Q8_0}) {
+        if (type == DType::Q8_0 && size_t(hs.n_head_kv * hs.head_dim) % 32 != 0) continue;
+        for (size_t n : {size_t(100), size_t(1100)}) {
+          Problem p = make_problem(hs, n, 17);
+          const Problem f32 = p;
+          const Stored st = store(p, type);
+          for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two}) {
+            const std::string what = isa + " " + std::string(dtype_name(type)) + " D=" +
+                                     std::to_string(hs.head_dim) + " n=" + std::to_string(n);
+            const SpecConfig cfg = config(32, 64);
+            SpecRun want = run_spec(p, cfg, pool), got;
+            got.full.resize(want.full.size());
+            got.spec.resize(want.full.size());
+            got.check = speculative_flash_decode(p.q.data(), hs, p.scale, st.rows(), p.cells.data(), n,
+                                                 got.full.data(), got.spec.data(), cfg, pool);
+            EXPECT_TRUE(same_bits(got.full, want.full)) << what;
+            EXPECT_TRUE(same_bits(got.spec, want.spec)) << what;
+            // And the rounding is real: the widened rows differ from the F32 ones.
+            EXPECT_NE(p.k, f32.k) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(KvRows, StoreAndLoadRoundAsDocumented) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> g(0.0f, 3.0f);
+  std::vector<float> x(96), y(96);
+  for (auto& v : x) v = g(rng);
+  for (DType type : {DType::F32, DType::F16, DType::Q8_0}) {
+    std::vector<uint8_t> row(kv_row_bytes(type, x.size()));
+    kv_store(type, x.data(), x.size(), row.data());
+    kv_load(type, row.data(), 0, x.size(), y.data());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float amax = type == DType::Q8_0 ? [&] {
+        float a = 0;
+        for (size_t j = i / 32 * 32; j < i / 32 * 32 + 32; ++j) a = std::max(a, std::fabs(x[j]));
+        return a;
+      }() : std::fabs(x[i]);
+      // F16: half an ulp (subnormals: 2^-25). Q8_0: half a step d = amax / 127, plus d's own
+      // F16 rounding times the quant (up to 127 * 2^-11 d).
+      const float bound = type == DType::F32   ? 0
+                          : type == DType::F16 ? std::max(amax * 0x1p-11f, 0x1p-25f)
+                                               : amax / 127 * (0.5f + 127 * 0x1p-11f);
+      EXPECT_LE(std::fabs(y[i] - x[i]), bound) << dtype_name(type) << " " << i;
+    }
+    // A slice reads the same values as the whole row.
+    std::vector<float> part(20);
+    kv_load(type, row.data(), 27, 20, part.data());
+    EXPECT_TRUE(std::equal(part.begin(), part.end(), y.begin() + 27)) << dtype_name(type);
+  }
+  EXPECT_EQ(kv_row_bytes(DType::F16, 64), 128u);
+  EXPECT_EQ(kv_row_bytes(DType::Q8_0, 64), 68u);
+  EXPECT_EQ(parse_kv_type("Q8_0"), DType::Q8_0);
+  EXPECT_EQ(kv_type_name(DType::F16), "f16");
+  EXPECT_THROW(parse_kv_type("q4_0"), std::invalid_argument);
+}
+
 TEST_F(FlashDecodeTest, PartialsAndCombine) {
   const Problem p = make_problem({4, 2, 32}, 500, 5);
   const std::vector<double> want = reference(p, [](size_t) { return true; });

@@ -229,7 +229,11 @@ TEST(KvView, RetrievalCacheRanksChunksByTheLastQueryPerKvHead) {
         for (int g = 0; g < 2; ++g)
           for (int d = 0; d < D; ++d) {
             double mean = 0;
-            for (int32_t pos = ch * chunk; pos < end; ++pos) mean += c.kv().k(l)[size_t(pos) * hp.kv_dim() + h * D + d];
+            for (int32_t pos = ch * chunk; pos < end; ++pos) {
+              std::vector<float> key(size_t(hp.kv_dim()));
+              c.kv().read(l, pos, key.data(), nullptr);
+              mean += key[size_t(h * D + d)];
+            }
             score[size_t(ch)] += double(q[size_t((2 * h + g) * D + d)]) * mean / (end - ch * chunk);
           }
       }

@@ -109,19 +109,26 @@ TEST(LoadChecks, StagesOfOneNodeShareItsMemory) {
                                "t.toml", "/");
   ModelCache models;
   resolve_layers(t, models);
-  // stories260K: 32 key and 32 value floats per cell and layer, 256 bytes; 5 layers of 1000 cells.
-  const uint64_t all = 5 * 1000 * 256;
+  // stories260K: 32 key and 32 value F16 values per cell and layer, 128 bytes; 5 layers of 1000 cells.
+  const uint64_t all = 5 * 1000 * 128;
   EXPECT_NO_THROW(check_kv_memory(t, models, {"head", "n0"}, all));
   try {
     check_kv_memory(t, models, {"head", "n0"}, all - 1);
     FAIL() << "expected an error";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("t.toml:4: run.n_ctx: a context of 1000 tokens needs 1.2 MiB of KV cache on node 'n0', "
-                                         "more than this machine's 1.2 MiB of memory"),
+    EXPECT_NE(std::string(e.what()).find("t.toml:4: run.n_ctx: a context of 1000 tokens needs 625.0 KiB of KV cache on node 'n0', "
+                                         "more than this machine's 625.0 KiB of memory"),
               std::string::npos)
         << e.what();
   }
   EXPECT_NO_THROW(check_kv_memory(t, models, {"head"}, 1));  // no stages there
+  // An F32 cache needs twice as much, a Q8_0 one 34 bytes per 32 values.
+  t.run.kv_type = "f32";
+  EXPECT_NO_THROW(check_kv_memory(t, models, {"head", "n0"}, 2 * all));
+  EXPECT_THROW(check_kv_memory(t, models, {"head", "n0"}, 2 * all - 1), ConfigError);
+  t.run.kv_type = "q8_0";
+  EXPECT_NO_THROW(check_kv_memory(t, models, {"head", "n0"}, all / 64 * 34));
+  EXPECT_THROW(check_kv_memory(t, models, {"head", "n0"}, all / 64 * 34 - 1), ConfigError);
 }
 
 // A DFlash drafter's cache counts on its node: K and V of every context row its window keeps,
@@ -143,8 +150,9 @@ TEST(LoadChecks, ADraftersCacheCountsOnItsNode) {
     resolve_layers(t, models);
     const HParams& hp = Model::load(refdata("gguf-models/stories-target-1M.gguf"))->hparams();
     const uint64_t target = KvCache::bytes_needed(1000, hp.n_layer, hp.kv_dim());
-    // The drafter: 1 layer, 4 KV heads of 16; the window keeps 64 rows more for crops.
-    const uint64_t draft = KvCache::bytes_needed(window ? window + 64 : 1000, 1, 64);
+    // The drafter: 1 layer, 4 KV heads of 16, in F32 (its own cache); the window keeps 64 rows
+    // more for crops.
+    const uint64_t draft = KvCache::bytes_needed(window ? window + 64 : 1000, 1, 64, DType::F32);
     ASSERT_GT(draft, 0u);
     EXPECT_NO_THROW(check_kv_memory(t, models, {"head"}, target + draft));
     EXPECT_THROW(check_kv_memory(t, models, {"head"}, target + draft - 1), ConfigError);

@@ -229,7 +229,10 @@ TEST(Topology, SamplingSettingsOutsideTheirRangeAreRefusedWithTheKey) {
   EXPECT_EQ(err("top_p = nan"), "t.toml:4: run.top_p: must be between 0 and 1, not nan");
   EXPECT_EQ(err("min_p = -1.0"), "t.toml:4: run.min_p: must be between 0 and 1, not -1");
   EXPECT_EQ(err("n_ctx = -5"), "t.toml:4: run.n_ctx: must not be negative (0: the model's own)");
-  EXPECT_EQ(err("temperature = 0.7\ntop_k = 40\ntop_p = 0.9\nmin_p = 0.05\nn_ctx = 256"), "no error");
+  EXPECT_EQ(err("kv_type = \"q4_0\""), "t.toml:4: run.kv_type: unknown KV cache type 'q4_0' (expected f16, q8_0 or f32)");
+  EXPECT_EQ(err("temperature = 0.7\ntop_k = 40\ntop_p = 0.9\nmin_p = 0.05\nn_ctx = 256\nkv_type = \"Q8_0\""), "no error");
+  EXPECT_EQ(Topology::parse("[models.t]\npath = \"x\"\n[run]\nkv_type = \"Q8_0\"\n", "t.toml", "/").run.kv_type, "q8_0");
+  EXPECT_EQ(Topology::parse("[models.t]\npath = \"x\"\n[run]\n", "t.toml", "/").run.kv_type, "f16");
 }
 
 // Found by fuzzing (fuzz/topology.cpp): an integer key given a float too large for int64

@@ -74,6 +74,7 @@ struct RunSpec {
   std::map<std::string, std::string> roles;  // further roles -> model (draft2, retrieval, ...)
   int n_predict = 128;
   int n_ctx = 0;
+  std::string kv_type = "f16";   // how KV caches store keys and values: "f16", "q8_0" or "f32"
   float temperature = 0.0f;
   int top_k = 0;
   float top_p = 1.0f;

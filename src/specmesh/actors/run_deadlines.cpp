@@ -19,7 +19,8 @@ double PipelinePrice::run_seconds(int tokens) const {
   double s = 0;
   for (const StagePrice& st : stages) {
     const Model& m = *st.model;
-    const WorkCost c = forward_cost(m, st.layer_begin, st.layer_end, tokens, n_ctx, tokens);
+    // KV bytes counted as F32, the widest cache, so that the price is an upper bound.
+    const WorkCost c = forward_cost(m, st.layer_begin, st.layer_end, tokens, n_ctx, tokens, DType::F32);
     s += slow_cpu_seconds(c, st.threads) + (st.profile ? st.profile->seconds(c) : 0.0);
     // The hop into the stage carries the batch's hidden states (or token ids into the first).
     s += link.seconds(double(tokens) * m.hparams().n_embd * sizeof(float));

@@ -4,6 +4,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "specmesh/kernels/kv_rows.hpp"
 #include "specmesh/speculation/registry.hpp"
 
 namespace specmesh {
@@ -75,6 +76,23 @@ std::map<std::string, ParamValue> ParamOptions::values(const CLI::App& cmd) cons
     put(kv.substr(0, eq), kv.substr(eq + 1), "--param " + kv);
   }
   return out;
+}
+
+void add_kv_type_option(CLI::App& cmd, std::string& kv_type) {
+  cmd.add_option("--kv-type", kv_type,
+                 "how the KV cache stores keys and values: f16 (default; half of f32's memory and bandwidth), "
+                 "q8_0 (about a quarter; needs rows of a multiple of 32 values) or f32")
+      ->capture_default_str()
+      ->transform(CLI::Validator(
+          [](std::string& v) {
+            try {
+              v = kv_type_name(parse_kv_type(v));
+              return std::string();
+            } catch (const std::invalid_argument& e) {
+              return std::string(e.what());
+            }
+          },
+          "f16|q8_0|f32"));
 }
 
 void override_run(Topology& topo, const std::string& strategy, const std::map<std::string, ParamValue>& params) {

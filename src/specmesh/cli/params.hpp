@@ -18,6 +18,10 @@ namespace specmesh {
 // nan through (every comparison with it is false).
 CLI::Validator finite_in(double lo, double hi);
 
+// Adds --kv-type (f16, q8_0 or f32: how the KV cache stores keys and values) to `cmd`; the
+// value is written to `kv_type` in lower case.
+void add_kv_type_option(CLI::App& cmd, std::string& kv_type);
+
 class ParamOptions {
  public:
   // Adds --param and every parameter's flags to `cmd`.

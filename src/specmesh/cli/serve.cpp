@@ -28,6 +28,7 @@ struct ServeCommand {
   std::vector<std::string> drafts;
   ParamOptions params;
   serve::ServeOptions server;
+  std::string kv_type;  // empty: the topology's (f16 with -m)
   int threads = 0, n_ctx = 0, port_base = -1, parallel = 1, max_queued = 64;
   float temp = 0.8f, top_p = 0.95f, min_p = 0.05f;
   int top_k = 40;
@@ -53,6 +54,7 @@ Topology configuration(const ServeCommand& o, const CLI::App& cmd) {
     Topology t = Topology::load(o.config);
     override_run(t, o.strategy, o.params.values(cmd));
     if (o.n_ctx > 0) t.run.n_ctx = o.n_ctx;
+    if (!o.kv_type.empty()) t.run.kv_type = o.kv_type;
     return t;
   }
   std::map<std::string, ModelSpec> roles;
@@ -69,6 +71,7 @@ Topology configuration(const ServeCommand& o, const CLI::App& cmd) {
   t.run.strategy = o.strategy;
   t.run.params = o.params.values(cmd);
   t.run.n_ctx = o.n_ctx;
+  if (!o.kv_type.empty()) t.run.kv_type = o.kv_type;
   return t;
 }
 
@@ -180,6 +183,7 @@ void register_serve(CLI::App& app) {
                 "a reply that fills its context drops the oldest half of it and goes on (else it ends, \"length\")");
   cmd->add_option("-c,--ctx", o->n_ctx, "context size in tokens (default: the model's / the topology's)")
       ->check(CLI::NonNegativeNumber);
+  add_kv_type_option(*cmd, o->kv_type);
   cmd->add_option("-t,--threads", o->threads, "compute threads with -m (default: all cores)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--temp", o->temp, "temperature of requests that give none")->capture_default_str()->check(finite_in(0, 2));
   cmd->add_option("--top-k", o->top_k, "top_k of requests that give none (0: off)")->capture_default_str()->check(CLI::NonNegativeNumber);

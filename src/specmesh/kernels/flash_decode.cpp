@@ -25,11 +25,15 @@ float dot_scalar(const float* a, const float* b, int n) {
   return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
+// Reads F32 rows only: flash_partial widens other types first.
 void partial_scalar(const detail::PartialJob& j) {
   const int D = j.head_dim;
   const size_t ld = round_up(j.count, 8);
+  const auto* keys = static_cast<const float*>(j.kv->k);
+  const auto* values = static_cast<const float*>(j.kv->v);
+  const size_t stride = j.kv->row_stride;
   for (size_t t = 0; t < j.count; ++t) {
-    const float* krow = j.kv->k + size_t(j.cells[t]) * j.kv->row_stride + j.kv_off;
+    const float* krow = keys + size_t(j.cells[t]) * stride + j.kv_off;
     for (int h = 0; h < j.n_q; ++h)
       j.scores[h * ld + t] = dot_scalar(j.q + size_t(h) * D, krow + j.head_off[h], D) * j.scale;
   }
@@ -46,7 +50,7 @@ void partial_scalar(const detail::PartialJob& j) {
   }
   std::fill(j.o, j.o + size_t(j.n_q) * D, 0.0f);
   for (size_t t = 0; t < j.count; ++t) {
-    const float* vrow = j.kv->v + size_t(j.cells[t]) * j.kv->row_stride + j.kv_off;
+    const float* vrow = values + size_t(j.cells[t]) * stride + j.kv_off;
     for (int h = 0; h < j.n_q; ++h) {
       const float w = j.scores[h * ld + t];
       const float* v = vrow + j.head_off[h];
@@ -54,6 +58,40 @@ void partial_scalar(const detail::PartialJob& j) {
       for (int d = 0; d < D; ++d) o[d] += w * v[d];
     }
   }
+}
+
+// The job's part of its rows, widened to F32 in `buf` (rows 0..count, cells renumbered), for a
+// path that cannot read the stored type itself. Widening is exact for F16 and one rounding
+// (d * q) for Q8_0, the same on every path, so the result is what reading in place would give.
+struct WidenedRows {
+  std::vector<float> k, v;
+  std::vector<int32_t> cells;
+  std::vector<size_t> head_off;
+  KvRows rows{};
+};
+
+detail::PartialJob widened(const detail::PartialJob& j, WidenedRows& buf) {
+  size_t lo = j.head_off[0], hi = j.head_off[0];
+  for (int h = 1; h < j.n_q; ++h) lo = std::min(lo, j.head_off[h]), hi = std::max(hi, j.head_off[h]);
+  hi += size_t(j.head_dim);
+  const size_t width = hi - lo;
+  buf.k.resize(j.count * width);
+  buf.v.resize(j.count * width);
+  buf.cells.resize(j.count);
+  for (size_t t = 0; t < j.count; ++t) {
+    kv_load(j.kv->type, j.kv->k_row(j.cells[t]), j.kv_off + lo, width, buf.k.data() + t * width);
+    kv_load(j.kv->type, j.kv->v_row(j.cells[t]), j.kv_off + lo, width, buf.v.data() + t * width);
+    buf.cells[t] = int32_t(t);
+  }
+  buf.rows = KvRows{buf.k.data(), buf.v.data(), width, DType::F32, 0};
+  detail::PartialJob w = j;
+  w.kv = &buf.rows;
+  w.kv_off = 0;
+  buf.head_off.assign(j.head_off, j.head_off + j.n_q);
+  for (size_t& off : buf.head_off) off -= lo;
+  w.head_off = buf.head_off.data();
+  w.cells = buf.cells.data();
+  return w;
 }
 
 bool use_avx2() {
@@ -209,13 +247,16 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
   scores.resize(size_t(n_q) * round_up(count, 16));  // rows padded to 8 (AVX2) or 16 (AVX-512)
   head_off.resize(size_t(n_q));
   for (int h = 0; h < n_q; ++h) head_off[size_t(h)] = size_t((h / group) % n_kv) * size_t(D);
-  const detail::PartialJob job{q, n_q, group, &kv, kv_off, head_off.data(), D, scale,
+  const detail::PartialJob job{q, n_q, group, &kv, kv_off + kv.offset, head_off.data(), D, scale,
                                cells, count, o, m, l, scores.data()};
+  thread_local WidenedRows wide;
 #ifdef SPECMESH_HAVE_AVX2_TU
-  if (D % 64 == 0 && matmul_isa_has_avx512()) return detail::flash_partial_avx512(job);
-  if (use_avx2()) return detail::flash_partial_avx2(job);
+  const bool simd_reads = kv.type == DType::F32 || kv.type == DType::F16;
+  if (D % 64 == 0 && matmul_isa_has_avx512())
+    return detail::flash_partial_avx512(simd_reads ? job : widened(job, wide));
+  if (use_avx2()) return detail::flash_partial_avx2(simd_reads ? job : widened(job, wide));
 #endif
-  partial_scalar(job);
+  partial_scalar(kv.type == DType::F32 ? job : widened(job, wide));
 }
 
 void flash_combine(const FlashPartials& p, size_t s0, size_t s1, int h, float* o, float& m, float& l) {

@@ -29,16 +29,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "specmesh/kernels/kv_rows.hpp"
+
 namespace specmesh {
 
 class ThreadPool;
-
-// Keys and values of one layer: row c holds cell c, n_kv_heads * head_dim values.
-struct KvRows {
-  const float* k;
-  const float* v;
-  size_t row_stride;  // floats between consecutive cells
-};
 
 struct HeadShape {
   int n_head;     // query heads
@@ -143,13 +138,14 @@ SpecCheck speculative_flash_decode(const float* q, const HeadShape& hs, float sc
 
 namespace detail {
 
-// One partial computation; shared by the portable and the AVX2 translation units.
+// One partial computation; shared by the portable and the SIMD translation units. The SIMD
+// kernels read F32 and F16 rows; other types reach them widened to F32 (flash_decode.cpp).
 struct PartialJob {
   const float* q;
   int n_q;
   int group;
   const KvRows* kv;
-  size_t kv_off;
+  size_t kv_off;  // values into each row, kv->offset included
   const size_t* head_off;  // per query head: kv_off-relative offset of its KV head in a row
   int head_dim;
   float scale;

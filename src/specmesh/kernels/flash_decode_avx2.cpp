@@ -20,19 +20,26 @@ namespace {
 
 using avx2::hsum;
 
+// Eight stored values (F32, or F16 widened exactly by F16C) as floats.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline float widen(float x) { return x; }
+inline float widen(uint16_t h) { return _cvtsh_ss(h); }
+
 // Four accumulators over 8-float blocks, then a scalar tail.
-inline float dot(const float* a, const float* b, int n) {
+template <class E>
+inline float dot(const float* a, const E* b, int n) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int i = 0;
   for (; i + 32 <= n; i += 32) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), a3);
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8(b + i + 8), a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), load8(b + i + 16), a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), load8(b + i + 24), a3);
   }
-  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), a0);
   float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  for (; i < n; ++i) s = std::fma(a[i], b[i], s);
+  for (; i < n; ++i) s = std::fma(a[i], widen(b[i]), s);
   return s;
 }
 
@@ -58,29 +65,31 @@ inline __m256 exp_neg(__m256 x) {
 }
 
 // o[0..D) += sum over keys t0..t0+U-1 (in key order) of w[t] * v_t[0..D).
-template <int U>
-inline void accumulate(float* o, const float* w, const float* const* v, int D) {
+template <int U, class E>
+inline void accumulate(float* o, const float* w, const E* const* v, int D) {
   __m256 wv[U];
   for (int u = 0; u < U; ++u) wv[u] = _mm256_set1_ps(w[u]);
   int d = 0;
   for (; d + 8 <= D; d += 8) {
     __m256 acc = _mm256_loadu_ps(o + d);
-    for (int u = 0; u < U; ++u) acc = _mm256_fmadd_ps(wv[u], _mm256_loadu_ps(v[u] + d), acc);
+    for (int u = 0; u < U; ++u) acc = _mm256_fmadd_ps(wv[u], load8(v[u] + d), acc);
     _mm256_storeu_ps(o + d, acc);
   }
   for (; d < D; ++d)
-    for (int u = 0; u < U; ++u) o[d] = std::fma(w[u], v[u][d], o[d]);
+    for (int u = 0; u < U; ++u) o[d] = std::fma(w[u], widen(v[u][d]), o[d]);
 }
 
-}  // namespace
-
-void flash_partial_avx2(const PartialJob& j) {
+// The partial over rows of element type E (float or F16 bits).
+template <class E>
+void partial(const PartialJob& j) {
   const int D = j.head_dim;
   const size_t ld = (j.count + 7) / 8 * 8;
   const size_t stride = j.kv->row_stride;
+  const E* keys = static_cast<const E*>(j.kv->k);
+  const E* values = static_cast<const E*>(j.kv->v);
 
   for (size_t t = 0; t < j.count; ++t) {
-    const float* krow = j.kv->k + size_t(j.cells[t]) * stride + j.kv_off;
+    const E* krow = keys + size_t(j.cells[t]) * stride + j.kv_off;
     for (int h = 0; h < j.n_q; ++h)
       j.scores[h * ld + t] = dot(j.q + size_t(h) * D, krow + j.head_off[h], D) * j.scale;
   }
@@ -102,11 +111,11 @@ void flash_partial_avx2(const PartialJob& j) {
   constexpr int U = 4;
   size_t t = 0;
   for (; t + U <= j.count; t += U) {
-    const float* vrow[U];
-    for (int u = 0; u < U; ++u) vrow[u] = j.kv->v + size_t(j.cells[t + u]) * stride + j.kv_off;
+    const E* vrow[U];
+    for (int u = 0; u < U; ++u) vrow[u] = values + size_t(j.cells[t + u]) * stride + j.kv_off;
     for (int h = 0; h < j.n_q; ++h) {
       const size_t off = j.head_off[h];
-      const float* v[U];
+      const E* v[U];
       float w[U];
       for (int u = 0; u < U; ++u) {
         v[u] = vrow[u] + off;
@@ -116,13 +125,20 @@ void flash_partial_avx2(const PartialJob& j) {
     }
   }
   for (; t < j.count; ++t) {
-    const float* vrow = j.kv->v + size_t(j.cells[t]) * stride + j.kv_off;
+    const E* vrow = values + size_t(j.cells[t]) * stride + j.kv_off;
     for (int h = 0; h < j.n_q; ++h) {
-      const float* v[1] = {vrow + j.head_off[h]};
+      const E* v[1] = {vrow + j.head_off[h]};
       const float w[1] = {j.scores[h * ld + t]};
       accumulate<1>(j.o + size_t(h) * D, w, v, D);
     }
   }
+}
+
+}  // namespace
+
+void flash_partial_avx2(const PartialJob& j) {
+  if (j.kv->type == DType::F16) partial<uint16_t>(j);
+  else partial<float>(j);
 }
 
 }  // namespace specmesh::detail

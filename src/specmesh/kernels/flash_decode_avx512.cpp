@@ -76,6 +76,12 @@ inline __m512 exp_neg16(__m512 x) {
 // slot kSlot[u] so that lane u holds key u.
 constexpr int kSlot[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
 
+// Sixteen stored values (F32, or F16 widened exactly) as floats.
+[[gnu::always_inline]] inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+[[gnu::always_inline]] inline __m512 load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 // How many keys ahead the passes ask for key and value rows: rows a cell list names are not
 // where the hardware prefetcher looks (in a large model each row is its own 4 KiB page), and
 // without asking the loads wait on memory (about 1.4x slower at 16K keys).
@@ -83,20 +89,23 @@ constexpr size_t kAhead = 16;
 
 // For heads h0 .. h0 + H (one KV head): o_h[o0 .. o0 + 16 N) = the sum over keys t in index
 // order of w_h[t] * v_t[off .. off + 16 N).
-template <int N, int H>
+template <int N, int H, class E>
 inline void accumulate(const PartialJob& j, int h0, size_t ld, size_t off, size_t o0 = 0) {
+  const E* values = static_cast<const E*>(j.kv->v);
   __m512 acc[H][N];
   for (auto& a : acc)
     for (auto& v : a) v = _mm512_setzero_ps();
   const float* w = j.scores + size_t(h0) * ld;
   for (size_t t = 0; t < j.count; ++t) {
-    const float* v = j.kv->v + size_t(j.cells[t]) * j.kv->row_stride + off;
+    const E* v = values + size_t(j.cells[t]) * j.kv->row_stride + off;
     if (t + kAhead < j.count) {
-      const float* pv = j.kv->v + size_t(j.cells[t + kAhead]) * j.kv->row_stride + off;
-      for (int c = 0; c < N; ++c) _mm_prefetch(reinterpret_cast<const char*>(pv + 16 * c), _MM_HINT_T0);
+      const E* pv = values + size_t(j.cells[t + kAhead]) * j.kv->row_stride + off;
+      // One request per cache line of the 16 N values.
+      for (size_t b = 0; b < 16 * N * sizeof(E); b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(pv) + b, _MM_HINT_T0);
     }
     __m512 vv[N];
-    for (int c = 0; c < N; ++c) vv[c] = _mm512_loadu_ps(v + 16 * c);
+    for (int c = 0; c < N; ++c) vv[c] = load16(v + 16 * c);
     for (int i = 0; i < H; ++i) {
       const __m512 wv = _mm512_set1_ps(w[size_t(i) * ld + t]);
       for (int c = 0; c < N; ++c) acc[i][c] = _mm512_fmadd_ps(wv, vv[c], acc[i][c]);
@@ -123,11 +132,11 @@ inline void accumulate(const PartialJob& j, int h0, size_t ld, size_t off, size_
 }
 
 // Head h's part of the key rows of keys t0 .. t0 + U (keys past the last repeat key t0).
-template <size_t U>
-[[gnu::always_inline]] inline void key_rows(const PartialJob& j, int h, size_t t0, const float* (&krow)[U]) {
+template <size_t U, class E>
+[[gnu::always_inline]] inline void key_rows(const PartialJob& j, int h, size_t t0, const E* (&krow)[U]) {
   for (size_t u = 0; u < U; ++u) {
     const size_t t = t0 + u < j.count ? t0 + u : t0;
-    krow[u] = j.kv->k + size_t(j.cells[t]) * j.kv->row_stride + j.kv_off + j.head_off[h];
+    krow[u] = static_cast<const E*>(j.kv->k) + size_t(j.cells[t]) * j.kv->row_stride + j.kv_off + j.head_off[h];
   }
 }
 
@@ -136,10 +145,10 @@ template <size_t U>
 // loaded once for the four heads. sum16's lane 4i + u is (head i, key u), the accumulator in
 // input slot 4u + i, so each 128-bit lane of the sums is one head's four scores.
 // ND = head_dim / 16 when it is a constant the compiler can unroll (0: read it from the job).
-template <int ND>
+template <int ND, class E>
 [[gnu::always_inline]] inline void scores_4x4(const PartialJob& j, int h, size_t t0, size_t ld) {
   const int nd = ND > 0 ? ND : j.head_dim / 16;
-  const float* krow[4];
+  const E* krow[4];
   key_rows(j, h, t0, krow);
   const float* q = j.q + size_t(h) * j.head_dim;
   __m512 acc[16];
@@ -148,7 +157,7 @@ template <int ND>
     __m512 qv[4];
     for (int i = 0; i < 4; ++i) qv[i] = _mm512_loadu_ps(q + size_t(i) * j.head_dim + 16 * c);
     for (int u = 0; u < 4; ++u) {
-      const __m512 kv = _mm512_loadu_ps(krow[u] + 16 * c);
+      const __m512 kv = load16(krow[u] + 16 * c);
       for (int i = 0; i < 4; ++i) acc[4 * u + i] = _mm512_fmadd_ps(qv[i], kv, acc[4 * u + i]);
     }
   }
@@ -161,9 +170,10 @@ template <int ND>
 }
 
 // Scores of head h alone for the keys t0 .. t0 + 16 (keys past the last repeat key t0).
+template <class E>
 inline void scores_16x1(const PartialJob& j, int h, size_t t0, size_t ld) {
   const int nd = j.head_dim / 16;
-  const float* krow[16];
+  const E* krow[16];
   key_rows(j, h, t0, krow);
   const float* q = j.q + size_t(h) * j.head_dim;
   __m512 acc[16];
@@ -172,7 +182,7 @@ inline void scores_16x1(const PartialJob& j, int h, size_t t0, size_t ld) {
     const __m512 qv = _mm512_loadu_ps(q + 16 * c);
 #pragma GCC unroll 16
     for (int u = 0; u < 16; ++u)
-      acc[kSlot[u]] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(krow[u] + 16 * c), acc[kSlot[u]]);
+      acc[kSlot[u]] = _mm512_fmadd_ps(qv, load16(krow[u] + 16 * c), acc[kSlot[u]]);
   }
   _mm512_storeu_ps(j.scores + size_t(h) * ld + t0, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(j.scale)));
 }
@@ -183,9 +193,9 @@ inline bool shares_kv4(const PartialJob& j, int h) {
          j.head_off[h] == j.head_off[h + 2];
 }
 
-}  // namespace
-
-void flash_partial_avx512(const PartialJob& j) {
+// The partial over rows of element type E (float or F16 bits).
+template <class E>
+void partial(const PartialJob& j) {
   const int D = j.head_dim;  // a multiple of 64 (see flash_decode.cpp)
   const int nd = D / 16;
   const size_t ld = (j.count + 15) / 16 * 16;
@@ -198,8 +208,11 @@ void flash_partial_avx512(const PartialJob& j) {
     lo = j.head_off[h] < lo ? j.head_off[h] : lo;
     hi = j.head_off[h] > hi ? j.head_off[h] : hi;
   }
-  lo += j.kv_off;
-  hi += j.kv_off + size_t(D);
+  // The bytes of a row this job reads.
+  lo = (lo + j.kv_off) * sizeof(E);
+  hi = (hi + j.kv_off + size_t(D)) * sizeof(E);
+  const auto* key_bytes = static_cast<const char*>(j.kv->k);
+  const size_t row_bytes = j.kv->row_stride * sizeof(E);
   int steps = 0;  // head steps per block
   for (int h = 0; h < j.n_q; h += shares_kv4(j, h) ? 4 : 1) ++steps;
   for (size_t t0 = 0; t0 < j.count; t0 += 16) {
@@ -211,18 +224,18 @@ void flash_partial_avx512(const PartialJob& j) {
       const size_t r0 = t0 + kAhead + 16 * size_t(step) / size_t(steps);
       const size_t r1 = t0 + kAhead + 16 * size_t(step + 1) / size_t(steps);
       for (size_t t = r0; t < r1 && t < j.count; ++t) {
-        const size_t row = size_t(j.cells[t]) * j.kv->row_stride;
-        for (size_t x = lo; x < hi; x += 16) _mm_prefetch(reinterpret_cast<const char*>(j.kv->k + row + x), _MM_HINT_T0);
+        const char* row = key_bytes + size_t(j.cells[t]) * row_bytes;
+        for (size_t x = lo; x < hi; x += 64) _mm_prefetch(row + x, _MM_HINT_T0);
       }
       if (shares_kv4(j, h)) {
         for (size_t u = 0; u < 16 && t0 + u < j.count; u += 4) {
-          if (nd == 4) scores_4x4<4>(j, h, t0 + u, ld);
-          else if (nd == 8) scores_4x4<8>(j, h, t0 + u, ld);
-          else scores_4x4<0>(j, h, t0 + u, ld);
+          if (nd == 4) scores_4x4<4, E>(j, h, t0 + u, ld);
+          else if (nd == 8) scores_4x4<8, E>(j, h, t0 + u, ld);
+          else scores_4x4<0, E>(j, h, t0 + u, ld);
         }
         h += 4;
       } else {
-        scores_16x1(j, h, t0, ld);
+        scores_16x1<E>(j, h, t0, ld);
         h += 1;
       }
     }
@@ -261,16 +274,23 @@ void flash_partial_avx512(const PartialJob& j) {
     const size_t off = j.kv_off + j.head_off[h];
     const int left = j.group - h % j.group;  // heads from h on that read this KV head
     if (nd == 4 && left >= 4) {
-      accumulate<4, 4>(j, h, ld, off);
+      accumulate<4, 4, E>(j, h, ld, off);
       h += 4;
     } else if (nd == 8 && left >= 2) {
-      accumulate<8, 2>(j, h, ld, off);
+      accumulate<8, 2, E>(j, h, ld, off);
       h += 2;
     } else {
-      for (int c = 0; c < nd; c += 4) accumulate<4, 1>(j, h, ld, off + 16 * size_t(c), 16 * c);
+      for (int c = 0; c < nd; c += 4) accumulate<4, 1, E>(j, h, ld, off + 16 * size_t(c), 16 * c);
       h += 1;
     }
   }
+}
+
+}  // namespace
+
+void flash_partial_avx512(const PartialJob& j) {
+  if (j.kv->type == DType::F16) partial<uint16_t>(j);
+  else partial<float>(j);
 }
 
 }  // namespace specmesh::detail

@@ -168,7 +168,7 @@ class DenseMask {
 
 // Per-thread buffers of one work unit.
 struct Scratch {
-  std::vector<float> q, o, s, kt, vt, m, l, alpha;
+  std::vector<float> q, o, s, kt, vt, m, l, alpha, krow;
   uint32_t vis[kQ];
 };
 
@@ -185,7 +185,7 @@ void run_unit(const TreeAttnProblem& p, const Mask& mask, const TileSteps& st, s
   const size_t i0 = qt * kQ;
   const size_t nq = std::min(kQ, p.n_tree - i0);
   const size_t rows = nq * group;
-  const size_t kv_off = size_t(kvh) * d;
+  const size_t kv_off = p.kv.offset + size_t(kvh) * d;
 
   sc.q.resize(rows * d);
   sc.o.assign(rows * d, 0.0f);
@@ -195,6 +195,7 @@ void run_unit(const TreeAttnProblem& p, const Mask& mask, const TileSteps& st, s
   sc.l.assign(rows, 0.0f);
   sc.alpha.resize(rows);
   sc.vt.resize(kB * d);
+  sc.krow.resize(d);
 
   const float qscale = p.scale * kLog2e;
   for (size_t t = 0; t < nq; ++t) {
@@ -206,10 +207,10 @@ void run_unit(const TreeAttnProblem& p, const Mask& mask, const TileSteps& st, s
   // The tile's keys transposed and its values packed, so the tile steps stream them.
   auto tile = [&](size_t c0, size_t n_keys) {
     for (size_t c = 0; c < n_keys; ++c) {
-      const size_t row = size_t(p.cells[c0 + c]) * p.kv.row_stride + kv_off;
-      const float* k = p.kv.k + row;
-      for (size_t x = 0; x < d; ++x) sc.kt[x * kB + c] = k[x];
-      std::copy(p.kv.v + row, p.kv.v + row + d, sc.vt.begin() + c * d);
+      const int32_t cell = p.cells[c0 + c];
+      kv_load(p.kv.type, p.kv.k_row(cell), kv_off, d, sc.krow.data());
+      for (size_t x = 0; x < d; ++x) sc.kt[x * kB + c] = sc.krow[x];
+      kv_load(p.kv.type, p.kv.v_row(cell), kv_off, d, sc.vt.data() + c * d);
     }
     for (size_t x = 0; x < d; ++x) std::fill(sc.kt.begin() + x * kB + n_keys, sc.kt.begin() + (x + 1) * kB, 0.0f);
     std::fill(sc.vt.begin() + n_keys * d, sc.vt.end(), 0.0f);

@@ -20,7 +20,7 @@ Context::Context(const Model& model, ContextParams params, ThreadPool* pool)
       pool_(pool ? pool : own_pool_.get()),
       begin_(params.layer_begin),
       end_(params.layer_end < 0 ? model.hparams().n_layer : params.layer_end),
-      kv_(context_size(model, params.n_ctx), begin_, end_, model.hparams().kv_dim()),
+      kv_(context_size(model, params.n_ctx), begin_, end_, model.hparams().kv_dim(), params.kv_type),
       capture_(std::move(params.capture_layers)),
       layout_(params.attention_layout),
       last_query_(size_t(std::max(0, end_ - begin_))) {
@@ -51,10 +51,15 @@ ForwardOutput Context::forward(const Batch& batch, const float* hidden_in) {
 void Context::shift_positions(int seq, int32_t p0, int32_t p1, int32_t delta, int seq_last) {
   const std::vector<int32_t> cells = kv_.seq_add(seq, p0, p1, delta, seq_last);
   const HParams& hp = model_.hparams();
-  const size_t KV = size_t(hp.kv_dim());
+  // Each key is read as floats, rotated and stored again (rounded to the cache's type once
+  // more, as llama.cpp's K-shift does for an F16 cache).
+  std::vector<float> key(size_t(hp.kv_dim()));
   for (int il = begin_; il < end_; ++il) {
-    float* k = kv_.k(il);
-    for (int32_t c : cells) rope(k + size_t(c) * KV, hp.n_head_kv, hp.head_dim, hp.n_rot, delta, hp.rope_theta, hp.rope);
+    for (int32_t c : cells) {
+      kv_.read(il, c, key.data(), nullptr);
+      rope(key.data(), hp.n_head_kv, hp.head_dim, hp.n_rot, delta, hp.rope_theta, hp.rope);
+      kv_.write(il, c, key.data(), nullptr);
+    }
   }
 }
 
@@ -70,7 +75,8 @@ void Context::set_view(int seq, std::shared_ptr<const KvView> view) {
   views_[seq] = std::move(view);
 }
 
-WorkCost forward_cost(const Model& model, int layer_begin, int layer_end, int tokens, int64_t context, int outputs) {
+WorkCost forward_cost(const Model& model, int layer_begin, int layer_end, int tokens, int64_t context, int outputs,
+                      DType kv_type) {
   const HParams& hp = model.hparams();
   auto bytes = [](const WeightView& w) { return double(row_bytes(w.type, w.cols)) * w.rows; };
   auto params = [](const WeightView& w) { return double(w.rows) * w.cols; };
@@ -87,7 +93,7 @@ WorkCost forward_cost(const Model& model, int layer_begin, int layer_end, int to
       c.bytes += bytes(*m);
       c.flops += 2 * params(*m) * n;
     }
-    c.bytes += 2.0 * ctx * hp.kv_dim() * sizeof(float);
+    c.bytes += 2.0 * ctx * double(kv_row_bytes(kv_type, size_t(hp.kv_dim())));
     c.flops += 4.0 * n * ctx * hp.q_dim();
     c.ops += 12;  // 7 matmuls, 2 norms, rope, attention, swiglu
   }
@@ -103,7 +109,8 @@ WorkCost Context::cost(const Batch& batch) const {
   int outputs = 0;
   for (uint8_t l : batch.logits) outputs += l;
   // Keys each query reads, at most.
-  return forward_cost(model_, begin_, end_, int(batch.size()), int64_t(kv_.used()) + int64_t(batch.size()), outputs);
+  return forward_cost(model_, begin_, end_, int(batch.size()), int64_t(kv_.used()) + int64_t(batch.size()), outputs,
+                      kv_.type());
 }
 
 }  // namespace specmesh

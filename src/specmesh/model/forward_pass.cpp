@@ -70,8 +70,7 @@ void ForwardPass::pre_attention(int il) {
   matmul(w.wk, h_.data(), n, k_.data(), pool);
   matmul(w.wv, h_.data(), n, v_.data(), pool);
 
-  float* kc = ctx_.kv().k(il);
-  float* vc = ctx_.kv().v(il);
+  KvCache& kv = ctx_.kv();
   for (size_t i = 0; i < n; ++i) {
     float* qi = q_.data() + i * Q;
     float* ki = k_.data() + i * KV;
@@ -79,8 +78,7 @@ void ForwardPass::pre_attention(int il) {
     arch.shape_qkv(hp, w, qi, ki, vi);
     rope(qi, hp.n_head, D, hp.n_rot, batch_.pos[i], hp.rope_theta, hp.rope);
     rope(ki, hp.n_head_kv, D, hp.n_rot, batch_.pos[i], hp.rope_theta, hp.rope);
-    std::memcpy(kc + size_t(slots_[i]) * KV, ki, KV * sizeof(float));
-    std::memcpy(vc + size_t(slots_[i]) * KV, vi, KV * sizeof(float));
+    kv.write(il, slots_[i], ki, vi);
   }
   ctx_.last_query_[size_t(il - ctx_.begin_)].assign(q_.end() - ptrdiff_t(Q), q_.end());
   ctx_.last_query_pos_ = batch_.pos[n - 1];
@@ -91,9 +89,9 @@ SpecCheck ForwardPass::attention(int il, float* full, float* spec, const SpecCon
                                  const std::function<void()>& spec_ready) {
   if (q_layer_ != il) throw std::logic_error("attention of a layer whose pre-attention ops did not run");
   const HParams& hp = ctx_.model().hparams();
-  const size_t n = size(), Q = hp.q_dim(), KV = hp.kv_dim();
+  const size_t n = size(), Q = hp.q_dim();
   const int D = hp.head_dim;
-  const KvRows rows{ctx_.kv().k(il), ctx_.kv().v(il), KV};
+  const KvRows rows = ctx_.kv().rows(il);
   const float scale = 1.0f / std::sqrt(float(D));
   const int group = hp.n_head / hp.n_head_kv;
   const FlashLayout& layout = ctx_.attention_layout();
@@ -132,7 +130,7 @@ SpecCheck ForwardPass::attention(int il, float* full, float* spec, const SpecCon
       visible_.cells(i, il, kvh, cells);
       const size_t off = i * Q + size_t(kvh) * group * D;
       flash_decode(q_.data() + off, HeadShape{group, 1, D}, scale,
-                   KvRows{rows.k + kvh * D, rows.v + kvh * D, rows.row_stride}, cells.data(), cells.size(), full + off,
+                   rows.shifted(size_t(kvh) * D), cells.data(), cells.size(), full + off,
                    layout, nullptr);
     }
   };
@@ -180,18 +178,9 @@ void ForwardPass::post_attention(int il, const float* att) {
   for (size_t i = 0; i < n * E; ++i) x[i] += proj_[i];
 }
 
-void ForwardPass::read_kv(int il, size_t i, float* k, float* v) const {
-  const size_t KV = ctx_.kv().kv_dim(), off = size_t(slots_.at(i)) * KV;
-  KvCache& kv = ctx_.kv();
-  std::memcpy(k, kv.k(il) + off, KV * sizeof(float));
-  std::memcpy(v, kv.v(il) + off, KV * sizeof(float));
-}
+void ForwardPass::read_kv(int il, size_t i, float* k, float* v) const { ctx_.kv().read(il, slots_.at(i), k, v); }
 
-void ForwardPass::write_kv(int il, size_t i, const float* k, const float* v) {
-  const size_t KV = ctx_.kv().kv_dim(), off = size_t(slots_.at(i)) * KV;
-  std::memcpy(ctx_.kv().k(il) + off, k, KV * sizeof(float));
-  std::memcpy(ctx_.kv().v(il) + off, v, KV * sizeof(float));
-}
+void ForwardPass::write_kv(int il, size_t i, const float* k, const float* v) { ctx_.kv().write(il, slots_.at(i), k, v); }
 
 ForwardOutput ForwardPass::output() {
   const Model& model = ctx_.model();

@@ -28,9 +28,16 @@ std::string bytes_text(uint64_t bytes) {
   return text;
 }
 
-KvCache::KvCache(int n_cells, int layer_begin, int layer_end, int kv_dim)
-    : layer_begin_(layer_begin), layer_end_(layer_end), kv_dim_(kv_dim) {
-  const uint64_t bytes = bytes_needed(n_cells, layer_end - layer_begin, kv_dim), memory = physical_memory_bytes();
+KvCache::KvCache(int n_cells, int layer_begin, int layer_end, int kv_dim, DType type)
+    : layer_begin_(layer_begin), layer_end_(layer_end), kv_dim_(kv_dim), type_(type) {
+  if (!kv_type_supported(type))
+    throw std::invalid_argument("a KV cache cannot be stored as " + std::string(dtype_name(type)) +
+                                " (expected f16, q8_0 or f32)");
+  if (type == DType::Q8_0 && kv_dim % QK8_0 != 0)
+    throw std::invalid_argument("a q8_0 KV cache needs rows of a multiple of 32 values; this model's have " +
+                                std::to_string(kv_dim) + " (use f16)");
+  row_bytes_ = kv_row_bytes(type, size_t(kv_dim));
+  const uint64_t bytes = bytes_needed(n_cells, layer_end - layer_begin, kv_dim, type), memory = physical_memory_bytes();
   const auto what = [&] {
     return "a KV cache of " + std::to_string(n_cells) + " cells for layers [" + std::to_string(layer_begin) + ", " +
            std::to_string(layer_end) + ") needs " + bytes_text(bytes);
@@ -39,12 +46,39 @@ KvCache::KvCache(int n_cells, int layer_begin, int layer_end, int kv_dim)
   try {
     cells_.resize(n_cells);
     for (int l = layer_begin; l < layer_end; ++l) {
-      k_.emplace_back(size_t(n_cells) * size_t(kv_dim) * sizeof(float));
-      v_.emplace_back(size_t(n_cells) * size_t(kv_dim) * sizeof(float));
+      k_.emplace_back(size_t(n_cells) * row_bytes_);
+      v_.emplace_back(size_t(n_cells) * row_bytes_);
     }
   } catch (const std::bad_alloc&) {
     throw std::runtime_error(what() + ", which cannot be allocated (out of memory)");
   }
+}
+
+uint8_t* KvCache::row(const std::vector<AlignedBuffer>& rows, int layer, int32_t cell) const {
+  if (layer < layer_begin_ || layer >= layer_end_ || cell < 0 || cell >= n_cells())
+    throw std::out_of_range("KV row of layer " + std::to_string(layer) + ", cell " + std::to_string(cell) +
+                            " is outside the cache's layers [" + std::to_string(layer_begin_) + ", " +
+                            std::to_string(layer_end_) + ") and " + std::to_string(n_cells()) + " cells");
+  // The cache owns its rows; write() is the one non-const caller.
+  return const_cast<uint8_t*>(rows[size_t(layer - layer_begin_)].data()) + size_t(cell) * row_bytes_;
+}
+
+KvRows KvCache::rows(int layer) const {
+  if (layer < layer_begin_ || layer >= layer_end_)
+    throw std::out_of_range("layer " + std::to_string(layer) + " is outside the KV cache's [" +
+                            std::to_string(layer_begin_) + ", " + std::to_string(layer_end_) + ")");
+  const size_t l = size_t(layer - layer_begin_);
+  return KvRows{k_[l].data(), v_[l].data(), size_t(kv_dim_), type_, 0};
+}
+
+void KvCache::write(int layer, int32_t cell, const float* k, const float* v) {
+  if (k) kv_store(type_, k, size_t(kv_dim_), row(k_, layer, cell));
+  if (v) kv_store(type_, v, size_t(kv_dim_), row(v_, layer, cell));
+}
+
+void KvCache::read(int layer, int32_t cell, float* k, float* v) const {
+  if (k) kv_load(type_, row(k_, layer, cell), 0, size_t(kv_dim_), k);
+  if (v) kv_load(type_, row(v_, layer, cell), 0, size_t(kv_dim_), v);
 }
 
 int KvCache::used() const {

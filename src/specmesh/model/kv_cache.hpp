@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "specmesh/kernels/aligned_buffer.hpp"
+#include "specmesh/kernels/kv_rows.hpp"
 #include "specmesh/model/batch.hpp"
 
 namespace specmesh {
@@ -26,28 +27,34 @@ std::string bytes_text(uint64_t bytes);
 
 class KvCache {
  public:
-  // Holds layers [layer_begin, layer_end) of a model with kv_dim values per key/value row.
-  // Throws std::runtime_error, naming the size, when that is more than this machine's memory
-  // or cannot be allocated.
-  KvCache(int n_cells, int layer_begin, int layer_end, int kv_dim);
+  // Holds layers [layer_begin, layer_end) of a model with kv_dim values per key/value row,
+  // stored as `type` (kv_rows.hpp). Throws std::invalid_argument for a type that cannot hold
+  // KV rows or a Q8_0 cache whose kv_dim is not a multiple of 32, and std::runtime_error,
+  // naming the size, when it is more than this machine's memory or cannot be allocated.
+  KvCache(int n_cells, int layer_begin, int layer_end, int kv_dim, DType type = DType::F16);
 
   // Bytes of keys and values n_cells cells of n_layers layers hold.
-  static uint64_t bytes_needed(int64_t n_cells, int n_layers, int kv_dim) {
-    return uint64_t(n_cells) * uint64_t(n_layers) * uint64_t(kv_dim) * 2 * sizeof(float);
+  static uint64_t bytes_needed(int64_t n_cells, int n_layers, int kv_dim, DType type = DType::F16) {
+    return uint64_t(n_cells) * uint64_t(n_layers) * uint64_t(kv_row_bytes(type, size_t(kv_dim))) * 2;
   }
 
   int n_cells() const { return static_cast<int>(cells_.size()); }
   int layer_begin() const { return layer_begin_; }
   int layer_end() const { return layer_end_; }
   int kv_dim() const { return kv_dim_; }
+  DType type() const { return type_; }
   const KvCell& cell(int i) const { return cells_[i]; }
   int used() const;
 
-  // Rows of layer `layer` (absolute index): n_cells x kv_dim, 64-byte aligned (the attention
-  // kernels' loads are about 10 % slower at 16K keys when each one straddles two lines).
-  float* k(int layer) { return reinterpret_cast<float*>(k_[layer - layer_begin_].data()); }
-  float* v(int layer) { return reinterpret_cast<float*>(v_[layer - layer_begin_].data()); }
-  const float* k(int layer) const { return reinterpret_cast<const float*>(k_[layer - layer_begin_].data()); }
+  // Rows of layer `layer` (absolute index) as the attention kernels read them: n_cells rows
+  // of kv_dim values, 64-byte aligned (the kernels' loads are about 10 % slower at 16K keys
+  // when each one straddles two lines).
+  KvRows rows(int layer) const;
+  // Writes cell `cell`'s key and value rows (kv_dim floats each) in layer `layer`, converted
+  // to the cache's type; nullptr leaves that row as it is.
+  void write(int layer, int32_t cell, const float* k, const float* v);
+  // Reads them back as floats (what the kernels see); nullptr skips that row.
+  void read(int layer, int32_t cell, float* k, float* v) const;
 
   // Claims one free cell per batch token (lowest free indices first) and labels it;
   // throws std::runtime_error when the cache is full.
@@ -69,7 +76,11 @@ class KvCache {
   void visible_cells(int32_t pos, SeqSet seqs, std::vector<int32_t>& out) const;
 
  private:
+  uint8_t* row(const std::vector<AlignedBuffer>& rows, int layer, int32_t cell) const;
+
   int layer_begin_, layer_end_, kv_dim_;
+  DType type_;
+  size_t row_bytes_;
   std::vector<KvCell> cells_;
   std::vector<AlignedBuffer> k_, v_;  // zeroed
 };

@@ -19,7 +19,7 @@ std::shared_ptr<const RetrievalView> build_retrieval_view(const Context& ctx, in
                                 ", but the last forward pass ended at " + std::to_string(ctx.last_query_pos()));
   const HParams& hp = ctx.model().hparams();
   const KvCache& kv = ctx.kv();
-  const int D = hp.head_dim, H = hp.n_head_kv, group = hp.n_head / hp.n_head_kv, KV = hp.kv_dim();
+  const int D = hp.head_dim, H = hp.n_head_kv, group = hp.n_head / hp.n_head_kv;
 
   // Sequence 0's cell of each prompt position (-1: none).
   std::vector<int32_t> cell_of(static_cast<size_t>(fresh_from), -1);
@@ -34,9 +34,10 @@ std::shared_ptr<const RetrievalView> build_retrieval_view(const Context& ctx, in
   std::vector<std::vector<int32_t>> ranks;
   ranks.reserve(size_t(ctx.layer_end() - ctx.layer_begin()) * H);
   std::vector<double> mean(static_cast<size_t>(D)), score(static_cast<size_t>(n_chunks));
+  std::vector<float> key(static_cast<size_t>(D));
   std::vector<int32_t> order(static_cast<size_t>(n_chunks));
   for (int il = ctx.layer_begin(); il < ctx.layer_end(); ++il) {
-    const float* keys = kv.k(il);
+    const KvRows keys = kv.rows(il);
     const std::vector<float>& q = ctx.last_query(il);
     for (int h = 0; h < H; ++h) {
       for (int32_t c = 0; c < n_chunks; ++c) {
@@ -44,7 +45,8 @@ std::shared_ptr<const RetrievalView> build_retrieval_view(const Context& ctx, in
         int n = 0;
         for (int32_t p = c * chunk; p < std::min(fresh_from, (c + 1) * chunk); ++p) {
           if (cell_of[size_t(p)] < 0) continue;  // a position the sequence does not hold
-          const float* k = keys + size_t(cell_of[size_t(p)]) * KV + size_t(h) * D;
+          kv_load(keys.type, keys.k_row(cell_of[size_t(p)]), size_t(h) * D, size_t(D), key.data());
+          const float* k = key.data();
           for (int d = 0; d < D; ++d) mean[size_t(d)] += k[d];
           ++n;
         }

@@ -75,14 +75,15 @@ void check_kv_memory(const Topology& topo, ModelCache& models, const std::vector
       for (const StageSpec* s : topo.stages_of(role)) {
         if (topo.node_of_device(s->device).name != node) continue;
         if (!drafter) {
-          bytes += KvCache::bytes_needed(cells, s->layer_end - s->layer_begin, model->hparams().kv_dim());
+          bytes += KvCache::bytes_needed(cells, s->layer_end - s->layer_begin, model->hparams().kv_dim(),
+                                         parse_kv_type(topo.run.kv_type));
           continue;
         }
         // The draft cache: K and V of the context rows its window keeps, per drafter layer.
         const StrategyInfo& info = strategy(topo.run.strategy);
         const int window = info.param("window") ? info.resolve(topo.run.params).integer("window") : 0;
         const int rows = window > 0 ? std::min(cells, window + int(DFlashState::kCropSlack)) : cells;
-        bytes += KvCache::bytes_needed(rows, drafter->config().n_layer, drafter->config().kv_dim());
+        bytes += KvCache::bytes_needed(rows, drafter->config().n_layer, drafter->config().kv_dim(), DType::F32);
       }
     }
     if (bytes > memory_bytes)

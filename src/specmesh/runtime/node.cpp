@@ -166,6 +166,7 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
       sc.next_node = i + 1 < stages.size() ? topo.node_of_device(stages[i + 1]->device).name : topo.head_node;
       sc.model = role_model(topo, models, role);
       sc.context.n_ctx = topo.run.n_ctx;
+      sc.context.kv_type = parse_kv_type(topo.run.kv_type);
       sc.context.layer_begin = s.layer_begin;
       sc.context.layer_end = s.layer_end;
       sc.device = device_actors.at(s.device);
@@ -267,6 +268,7 @@ caf::actor NodeHost::spawn_manager(caf::actor_system& sys, const Topology& topo,
                 throw std::invalid_argument("a drafter's stage does not move (its draft cache is not rebuilt)");
               sc.model = models.get(topo.models.at(role->second));
               sc.context.n_ctx = topo.run.n_ctx;
+              sc.context.kv_type = parse_kv_type(topo.run.kv_type);
               sc.context.layer_begin = r->layer_begin;
               sc.context.layer_end = r->layer_end;
               sc.device = device_actors_.at(r->device);

@@ -14,6 +14,7 @@
 
 #include <toml++/toml.h>
 
+#include "specmesh/kernels/kv_rows.hpp"
 #include "specmesh/speculation/registry.hpp"
 
 namespace specmesh {
@@ -169,7 +170,7 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
   if (!runn) e.fail(nullptr, "run", "missing [run] table");
   {
     const auto& r = table_at(e, *runn, "run");
-    check_keys(e, r, "run.", {"model", "strategy", "draft", "roles", "n_predict", "n_ctx", "temperature", "top_k", "top_p",
+    check_keys(e, r, "run.", {"model", "strategy", "draft", "roles", "n_predict", "n_ctx", "kv_type", "temperature", "top_k", "top_p",
                               "min_p", "seed", "params", "metrics_csv"});
     RunSpec& s = t.run;
     t.lines["run"] = runn->source().begin.line;
@@ -179,6 +180,7 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
     line_of(r.get("model"), "run.model");
     line_of(r.get("draft"), "run.draft");
     line_of(r.get("n_ctx"), "run.n_ctx");
+    line_of(r.get("kv_type"), "run.kv_type");
     s.model = get<std::string>(e, r, "run.", "model", t.models.size() == 1 ? t.models.begin()->first : "");
     if (!t.models.count(s.model)) e.fail(r.get("model"), "run.model", "names no model in [models]: '" + s.model + "'");
     s.strategy = get<std::string>(e, r, "run.", "strategy", "");
@@ -201,6 +203,12 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
     }
     s.n_predict = get<int>(e, r, "run.", "n_predict", 128);
     s.n_ctx = get<int>(e, r, "run.", "n_ctx", 0);
+    s.kv_type = get<std::string>(e, r, "run.", "kv_type", "f16");
+    try {
+      s.kv_type = kv_type_name(parse_kv_type(s.kv_type));
+    } catch (const std::invalid_argument& x) {
+      e.fail(r.get("kv_type"), "run.kv_type", x.what());
+    }
     s.temperature = get<float>(e, r, "run.", "temperature", 0.0f);
     s.top_k = get<int>(e, r, "run.", "top_k", 0);
     s.top_p = get<float>(e, r, "run.", "top_p", 1.0f);
