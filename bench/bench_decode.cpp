@@ -15,7 +15,9 @@
 //
 //   bench_decode [--types f16,q8_0,q4_0,q4_k] [--threads 2] [--isas avx2,avx512]
 //                [--tokens 16] [--prompts 128,512,2048] [--depths 4096,16384] [--rounds 3]
-//                [--batch 512] [--dir DIR] [--preset tinyllama-1.1b]
+//                [--batch 512] [--dir DIR] [--preset tinyllama-1.1b] [--kv-types f16,f32]
+// Decode at depth runs once per KV cache type of --kv-types (the roofline counts that type's
+// bytes); the other rows use the first.
 // Models are generated once into DIR (default /tmp/specmesh-bench) and reused. An empty list
 // ("--prompts ''") skips those rows.
 #include <immintrin.h>
@@ -229,8 +231,10 @@ double prefill_ops(const HParams& hp, double n) {
   return 2.0 * (hp.n_layer * (per_token * n + attention) + double(hp.n_vocab) * d);
 }
 
-// Keys and values a decode step reads at `depth` cached tokens.
-double kv_bytes(const HParams& hp, double depth) { return depth * hp.n_layer * 2.0 * hp.kv_dim() * sizeof(float); }
+// Keys and values a decode step reads at `depth` cached tokens stored as `type`.
+double kv_bytes(const HParams& hp, double depth, DType type) {
+  return depth * hp.n_layer * 2.0 * double(kv_row_bytes(type, size_t(hp.kv_dim())));
+}
 
 // Runs fn once per round on each path in turn and returns, per path, the medians of its
 // tokens/s and of the CPU seconds it took.
@@ -253,7 +257,7 @@ void print_row(const char* type, int threads, const std::string& what, const std
                const std::vector<Sample>& got, double roof_tps, const char* roof_what, double ops_per_token) {
   for (size_t i = 0; i < isas.size(); ++i) {
     const double tps = got[i].tps;
-    std::printf("%-6s %3d %-14s %-7s %10.2f %10.2f %8.1f%%", type, threads, what.c_str(), isas[i].c_str(), tps,
+    std::printf("%-6s %3d %-19s %-7s %10.2f %10.2f %8.1f%%", type, threads, what.c_str(), isas[i].c_str(), tps,
                 roof_tps, 100.0 * tps / roof_tps);
     if (ops_per_token > 0) std::printf(" %9.1f", tps * ops_per_token / 1e9);
     else std::printf(" %9s", "-");
@@ -266,7 +270,7 @@ void print_row(const char* type, int threads, const std::string& what, const std
 
 int main(int argc, char** argv) {
   std::string types = "f16,q8_0,q4_0,q4_k", threads = "2", dir = "/tmp/specmesh-bench", preset = "tinyllama-1.1b";
-  std::string isa_list = "", prompt_list = "128,512,2048", depth_list = "4096,16384";
+  std::string isa_list = "", prompt_list = "128,512,2048", depth_list = "4096,16384", kv_list = "f16,f32";
   int n_tokens = 16, rounds = 3, n_batch = 512;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
@@ -280,6 +284,7 @@ int main(int argc, char** argv) {
     else if (a == "--batch") n_batch = std::stoi(v);
     else if (a == "--dir") dir = v;
     else if (a == "--preset") preset = v;
+    else if (a == "--kv-types") kv_list = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
@@ -294,6 +299,14 @@ int main(int argc, char** argv) {
     }
   matmul_set_isa(nullptr);
   const std::vector<int> prompts = split_ints(prompt_list), depths = split_ints(depth_list);
+  std::vector<DType> kv_types;
+  try {
+    for (const auto& t : split(kv_list)) kv_types.push_back(parse_kv_type(t));
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "--kv-types: %s\n", e.what());
+    return 2;
+  }
+  if (kv_types.empty()) kv_types.push_back(DType::F16);
   std::filesystem::create_directories(dir);
 
   std::printf("# specmesh decode/prefill benchmark: preset %s, paths %s, %d decode tokens, prefill batch %d, "
@@ -326,13 +339,13 @@ int main(int argc, char** argv) {
       std::printf("\n## %s, %d thread(s): weights %.1f MB, read bandwidth %.2f GB/s, peak f32 FMA %.1f GFLOP/s, "
                   "peak int8 dot %.1f GOP/s, peak bf16 dot %.1f GFLOP/s\n",
                   tname.c_str(), th, weight_bytes / 1e6, bw, pk.f32, pk.int8, pk.bf16);
-      std::printf("%-6s %3s %-14s %-7s %10s %10s %9s %9s %-6s %7s %9s\n", "type", "thr", "row", "path", "tok/s",
+      std::printf("%-6s %3s %-19s %-7s %10s %10s %9s %9s %-6s %7s %9s\n", "type", "thr", "row", "path", "tok/s",
                   "roof tok/s", "% roof", "G op/s", "roof", "ratio", "cpu ratio");
       std::fflush(stdout);
 
       // Short-context decode.
       {
-        Context ctx(*model, {.n_ctx = n_tokens + 8}, &pool);
+        Context ctx(*model, {.n_ctx = n_tokens + 8, .kv_type = kv_types[0]}, &pool);
         prefill(ctx, {1}, 0, 1);  // touch every weight page once, so no figure pays for disk reads
         const auto tps = per_path(isas, rounds, [&] {
           ctx.kv().clear();
@@ -345,7 +358,7 @@ int main(int argc, char** argv) {
       }
       // Prompt processing.
       for (int n : prompts) {
-        Context ctx(*model, {.n_ctx = n + 8}, &pool);
+        Context ctx(*model, {.n_ctx = n + 8, .kv_type = kv_types[0]}, &pool);
         std::vector<int32_t> prompt(n);
         for (int i = 0; i < n; ++i) prompt[i] = 1 + (i * 37) % (hp.n_vocab - 1);
         const double ops_per_token = prefill_ops(hp, n) / n;
@@ -361,18 +374,21 @@ int main(int argc, char** argv) {
       // Decode after `depth` cached tokens. The cache cells are claimed without running the
       // prompt (their keys and values are zeros): attention reads every one all the same.
       for (int depth : depths) {
-        Context ctx(*model, {.n_ctx = depth + n_tokens + 8}, &pool);
-        const auto tps = per_path(isas, rounds, [&] {
-          ctx.kv().clear();
-          Batch fill;
-          for (int i = 0; i < depth; ++i) fill.add(1, i, seq_bit(0), false);
-          ctx.kv().place(fill);
-          const auto t0 = Clock::now();
-          for (int i = 0; i < n_tokens; ++i) prefill(ctx, {1 + i}, depth + i, 1);
-          return n_tokens / seconds_since(t0);
-        });
-        const double bytes = weight_bytes + kv_bytes(hp, depth + n_tokens / 2.0);
-        print_row(tname.c_str(), th, "decode @" + std::to_string(depth), isas, tps, bw * 1e9 / bytes, "bw", 0);
+        for (DType kv_type : kv_types) {
+          Context ctx(*model, {.n_ctx = depth + n_tokens + 8, .kv_type = kv_type}, &pool);
+          const auto tps = per_path(isas, rounds, [&] {
+            ctx.kv().clear();
+            Batch fill;
+            for (int i = 0; i < depth; ++i) fill.add(1, i, seq_bit(0), false);
+            ctx.kv().place(fill);
+            const auto t0 = Clock::now();
+            for (int i = 0; i < n_tokens; ++i) prefill(ctx, {1 + i}, depth + i, 1);
+            return n_tokens / seconds_since(t0);
+          });
+          const double bytes = weight_bytes + kv_bytes(hp, depth + n_tokens / 2.0, kv_type);
+          print_row(tname.c_str(), th, "decode @" + std::to_string(depth) + " " + kv_type_name(kv_type), isas, tps,
+                    bw * 1e9 / bytes, "bw", 0);
+        }
       }
     }
   }

@@ -139,7 +139,8 @@ SpecCheck speculative_flash_decode(const float* q, const HeadShape& hs, float sc
 namespace detail {
 
 // One partial computation; shared by the portable and the SIMD translation units. The SIMD
-// kernels read F32 and F16 rows; other types reach them widened to F32 (flash_decode.cpp).
+// kernels read F32 and F16 rows, the AVX-512 one Q8_0 too; other types reach them widened to
+// F32 (flash_decode.cpp).
 struct PartialJob {
   const float* q;
   int n_q;
@@ -158,7 +159,7 @@ struct PartialJob {
 };
 
 void flash_partial_avx2(const PartialJob& job);
-void flash_partial_avx512(const PartialJob& job);  // head_dim a multiple of 64
+void flash_partial_avx512(const PartialJob& job);  // head_dim a multiple of 64; Q8_0 block-aligned
 
 }  // namespace detail
 

@@ -76,11 +76,42 @@ inline __m512 exp_neg16(__m512 x) {
 // slot kSlot[u] so that lane u holds key u.
 constexpr int kSlot[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
 
-// Sixteen stored values (F32, or F16 widened exactly) as floats.
-[[gnu::always_inline]] inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-[[gnu::always_inline]] inline __m512 load16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
+// How a stored type is read. Ptr points at a value of a row; at() finds value `value` of cell
+// `cell`; load16(p, c) widens values [16c, 16c + 16) from p to floats, as kv_load does (F16
+// exactly, Q8_0 as d * q); bytes(n) is what n values take.
+struct F32Rows {
+  using Ptr = const float*;
+  static Ptr at(const void* base, size_t row_bytes, int32_t cell, size_t value) {
+    return reinterpret_cast<Ptr>(static_cast<const char*>(base) + size_t(cell) * row_bytes) + value;
+  }
+  [[gnu::always_inline]] static __m512 load16(Ptr p, int c) { return _mm512_loadu_ps(p + 16 * c); }
+  static size_t bytes(size_t n) { return n * sizeof(float); }
+};
+
+struct F16Rows {
+  using Ptr = const uint16_t*;
+  static Ptr at(const void* base, size_t row_bytes, int32_t cell, size_t value) {
+    return reinterpret_cast<Ptr>(static_cast<const char*>(base) + size_t(cell) * row_bytes) + value;
+  }
+  [[gnu::always_inline]] static __m512 load16(Ptr p, int c) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * c)));
+  }
+  static size_t bytes(size_t n) { return n * sizeof(uint16_t); }
+};
+
+// Q8_0: `value` must start a block (flash_decode.cpp checks), so 16 values are half a block.
+struct Q8Rows {
+  using Ptr = const block_q8_0*;
+  static Ptr at(const void* base, size_t row_bytes, int32_t cell, size_t value) {
+    return reinterpret_cast<Ptr>(static_cast<const char*>(base) + size_t(cell) * row_bytes) + value / QK8_0;
+  }
+  [[gnu::always_inline]] static __m512 load16(Ptr p, int c) {
+    const block_q8_0& b = p[c / 2];
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16 * (c % 2)));
+    return _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b.d)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+  }
+  static size_t bytes(size_t n) { return (n + QK8_0 - 1) / QK8_0 * sizeof(block_q8_0); }
+};
 
 // How many keys ahead the passes ask for key and value rows: rows a cell list names are not
 // where the hardware prefetcher looks (in a large model each row is its own 4 KiB page), and
@@ -91,21 +122,20 @@ constexpr size_t kAhead = 16;
 // order of w_h[t] * v_t[off .. off + 16 N).
 template <int N, int H, class E>
 inline void accumulate(const PartialJob& j, int h0, size_t ld, size_t off, size_t o0 = 0) {
-  const E* values = static_cast<const E*>(j.kv->v);
+  const size_t row_bytes = E::bytes(j.kv->row_stride);
   __m512 acc[H][N];
   for (auto& a : acc)
     for (auto& v : a) v = _mm512_setzero_ps();
   const float* w = j.scores + size_t(h0) * ld;
   for (size_t t = 0; t < j.count; ++t) {
-    const E* v = values + size_t(j.cells[t]) * j.kv->row_stride + off;
+    const typename E::Ptr v = E::at(j.kv->v, row_bytes, j.cells[t], off);
     if (t + kAhead < j.count) {
-      const E* pv = values + size_t(j.cells[t + kAhead]) * j.kv->row_stride + off;
+      const typename E::Ptr pv = E::at(j.kv->v, row_bytes, j.cells[t + kAhead], off);
       // One request per cache line of the 16 N values.
-      for (size_t b = 0; b < 16 * N * sizeof(E); b += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(pv) + b, _MM_HINT_T0);
+      for (size_t b = 0; b < E::bytes(16 * N); b += 64) _mm_prefetch(reinterpret_cast<const char*>(pv) + b, _MM_HINT_T0);
     }
     __m512 vv[N];
-    for (int c = 0; c < N; ++c) vv[c] = load16(v + 16 * c);
+    for (int c = 0; c < N; ++c) vv[c] = E::load16(v, c);
     for (int i = 0; i < H; ++i) {
       const __m512 wv = _mm512_set1_ps(w[size_t(i) * ld + t]);
       for (int c = 0; c < N; ++c) acc[i][c] = _mm512_fmadd_ps(wv, vv[c], acc[i][c]);
@@ -132,11 +162,12 @@ inline void accumulate(const PartialJob& j, int h0, size_t ld, size_t off, size_
 }
 
 // Head h's part of the key rows of keys t0 .. t0 + U (keys past the last repeat key t0).
-template <size_t U, class E>
-[[gnu::always_inline]] inline void key_rows(const PartialJob& j, int h, size_t t0, const E* (&krow)[U]) {
+template <class E, size_t U>
+[[gnu::always_inline]] inline void key_rows(const PartialJob& j, int h, size_t t0, typename E::Ptr (&krow)[U]) {
+  const size_t row_bytes = E::bytes(j.kv->row_stride);
   for (size_t u = 0; u < U; ++u) {
     const size_t t = t0 + u < j.count ? t0 + u : t0;
-    krow[u] = static_cast<const E*>(j.kv->k) + size_t(j.cells[t]) * j.kv->row_stride + j.kv_off + j.head_off[h];
+    krow[u] = E::at(j.kv->k, row_bytes, j.cells[t], j.kv_off + j.head_off[h]);
   }
 }
 
@@ -148,8 +179,8 @@ template <size_t U, class E>
 template <int ND, class E>
 [[gnu::always_inline]] inline void scores_4x4(const PartialJob& j, int h, size_t t0, size_t ld) {
   const int nd = ND > 0 ? ND : j.head_dim / 16;
-  const E* krow[4];
-  key_rows(j, h, t0, krow);
+  typename E::Ptr krow[4];
+  key_rows<E>(j, h, t0, krow);
   const float* q = j.q + size_t(h) * j.head_dim;
   __m512 acc[16];
   for (auto& a : acc) a = _mm512_setzero_ps();
@@ -157,7 +188,7 @@ template <int ND, class E>
     __m512 qv[4];
     for (int i = 0; i < 4; ++i) qv[i] = _mm512_loadu_ps(q + size_t(i) * j.head_dim + 16 * c);
     for (int u = 0; u < 4; ++u) {
-      const __m512 kv = load16(krow[u] + 16 * c);
+      const __m512 kv = E::load16(krow[u], c);
       for (int i = 0; i < 4; ++i) acc[4 * u + i] = _mm512_fmadd_ps(qv[i], kv, acc[4 * u + i]);
     }
   }
@@ -173,8 +204,8 @@ template <int ND, class E>
 template <class E>
 inline void scores_16x1(const PartialJob& j, int h, size_t t0, size_t ld) {
   const int nd = j.head_dim / 16;
-  const E* krow[16];
-  key_rows(j, h, t0, krow);
+  typename E::Ptr krow[16];
+  key_rows<E>(j, h, t0, krow);
   const float* q = j.q + size_t(h) * j.head_dim;
   __m512 acc[16];
   for (auto& a : acc) a = _mm512_setzero_ps();
@@ -182,7 +213,7 @@ inline void scores_16x1(const PartialJob& j, int h, size_t t0, size_t ld) {
     const __m512 qv = _mm512_loadu_ps(q + 16 * c);
 #pragma GCC unroll 16
     for (int u = 0; u < 16; ++u)
-      acc[kSlot[u]] = _mm512_fmadd_ps(qv, load16(krow[u] + 16 * c), acc[kSlot[u]]);
+      acc[kSlot[u]] = _mm512_fmadd_ps(qv, E::load16(krow[u], c), acc[kSlot[u]]);
   }
   _mm512_storeu_ps(j.scores + size_t(h) * ld + t0, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(j.scale)));
 }
@@ -193,7 +224,7 @@ inline bool shares_kv4(const PartialJob& j, int h) {
          j.head_off[h] == j.head_off[h + 2];
 }
 
-// The partial over rows of element type E (float or F16 bits).
+// The partial over rows stored as E (F32Rows, F16Rows or Q8Rows).
 template <class E>
 void partial(const PartialJob& j) {
   const int D = j.head_dim;  // a multiple of 64 (see flash_decode.cpp)
@@ -209,10 +240,10 @@ void partial(const PartialJob& j) {
     hi = j.head_off[h] > hi ? j.head_off[h] : hi;
   }
   // The bytes of a row this job reads.
-  lo = (lo + j.kv_off) * sizeof(E);
-  hi = (hi + j.kv_off + size_t(D)) * sizeof(E);
+  lo = E::bytes(lo + j.kv_off);
+  hi = E::bytes(hi + j.kv_off + size_t(D));
   const auto* key_bytes = static_cast<const char*>(j.kv->k);
-  const size_t row_bytes = j.kv->row_stride * sizeof(E);
+  const size_t row_bytes = E::bytes(j.kv->row_stride);
   int steps = 0;  // head steps per block
   for (int h = 0; h < j.n_q; h += shares_kv4(j, h) ? 4 : 1) ++steps;
   for (size_t t0 = 0; t0 < j.count; t0 += 16) {
@@ -289,8 +320,9 @@ void partial(const PartialJob& j) {
 }  // namespace
 
 void flash_partial_avx512(const PartialJob& j) {
-  if (j.kv->type == DType::F16) partial<uint16_t>(j);
-  else partial<float>(j);
+  if (j.kv->type == DType::F16) partial<F16Rows>(j);
+  else if (j.kv->type == DType::Q8_0) partial<Q8Rows>(j);
+  else partial<F32Rows>(j);
 }
 
 }  // namespace specmesh::detail

@@ -58,10 +58,17 @@ void kv_load(DType type, const void* row, size_t x, size_t n, float* out) {
     }
     case DType::Q8_0: {
       // The value is d * q, one rounding, as the kernels that widen in registers compute it.
+      // Block by block, so the scale is widened once per 32 values and the inner loop
+      // vectorises.
       const auto* blocks = static_cast<const block_q8_0*>(row);
-      for (size_t i = 0; i < n; ++i) {
+      for (size_t i = 0; i < n;) {
         const block_q8_0& b = blocks[(x + i) / QK8_0];
-        out[i] = fp16_to_fp32(b.d) * float(b.qs[(x + i) % QK8_0]);
+        const size_t first = (x + i) % QK8_0, len = std::min(size_t(QK8_0) - first, n - i);
+        const float d = fp16_to_fp32(b.d);
+        const int8_t* q = b.qs + first;
+        float* o = out + i;
+        for (size_t e = 0; e < len; ++e) o[e] = d * float(q[e]);
+        i += len;
       }
       return;
     }
