@@ -87,33 +87,58 @@ struct Sample {
   double cpu = 0;
 };
 
+// The sum of buf[b, e) (e - b a multiple of 32) with 256-bit loads, eight in flight: on this
+// machine about 1.25x the bandwidth 64-bit loads reach, and above what decode reaches.
+__attribute__((target("avx2"))) uint64_t sum_avx2(const uint64_t* buf, size_t b, size_t e) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t i = b; i < e; i += 32) {
+    const __m256i* p = reinterpret_cast<const __m256i*>(buf + i);
+    a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(p));
+    a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(p + 1));
+    a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(p + 2));
+    a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(p + 3));
+    a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(p + 4));
+    a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(p + 5));
+    a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(p + 6));
+    a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(p + 7));
+  }
+  const __m256i a = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+  uint64_t lanes[4];
+  std::memcpy(lanes, &a, sizeof lanes);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+uint64_t sum_scalar(const uint64_t* buf, size_t b, size_t e) {
+  uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  for (size_t i = b; i + 4 <= e; i += 4) {
+    a0 += buf[i];
+    a1 += buf[i + 1];
+    a2 += buf[i + 2];
+    a3 += buf[i + 3];
+  }
+  return a0 + a1 + a2 + a3;
+}
+
 // Streaming read bandwidth (GB/s) over a buffer much larger than the caches, like the
-// read-only part of STREAM: each thread sums its own contiguous share with 64-bit loads
-// (two loads per cycle outrun DRAM, so no SIMD is needed to saturate it).
-double read_bandwidth(ThreadPool& pool, size_t bytes) {
+// read-only part of STREAM: each thread sums its own contiguous share, the best of `reps`.
+double read_bandwidth(ThreadPool& pool, size_t bytes, int reps = 5) {
   static std::vector<uint64_t> buf;
   if (buf.size() * 8 < bytes) buf.assign(bytes / 8, 1);
-  const size_t n = buf.size();
+  const size_t n = bytes / 8;
+  const bool avx2 = __builtin_cpu_supports("avx2");
   double best = 0;
   std::vector<uint64_t> partial(pool.size() * 8);  // a cache line per thread
-  for (int rep = 0; rep < 5; ++rep) {
+  for (int rep = 0; rep < reps; ++rep) {
     auto t0 = Clock::now();
     pool.run([&](int ith, int nth) {
-      const size_t per = n / nth / 4 * 4, b = per * ith, e = ith == nth - 1 ? n : b + per;
-      uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-      for (size_t i = b; i + 4 <= e; i += 4) {
-        a0 += buf[i];
-        a1 += buf[i + 1];
-        a2 += buf[i + 2];
-        a3 += buf[i + 3];
-      }
-      partial[ith * 8] = a0 + a1 + a2 + a3;
+      const size_t per = n / nth / 32 * 32, b = per * ith, e = b + per;
+      partial[ith * 8] = avx2 ? sum_avx2(buf.data(), b, e) : sum_scalar(buf.data(), b, e);
     });
     const double sec = seconds_since(t0);
     uint64_t check = 0;
     for (uint64_t p : partial) check += p;
     if (check == 0) std::fprintf(stderr, "impossible\n");  // keeps the loads alive
-    best = std::max(best, n * 8.0 / sec / 1e9);
+    best = std::max(best, double(n / size_t(pool.size()) / 32 * 32 * pool.size()) * 8.0 / sec / 1e9);
   }
   return best;
 }
@@ -237,31 +262,42 @@ double kv_bytes(const HParams& hp, double depth, DType type) {
 }
 
 // Runs fn once per round on each path in turn and returns, per path, the medians of its
-// tokens/s and of the CPU seconds it took.
-std::vector<Sample> per_path(const std::vector<std::string>& isas, int rounds, const std::function<double()>& fn) {
+// tokens/s and of the CPU seconds it took. With `bandwidth`, the read bandwidth is measured
+// before every run and its median written there: this machine's bandwidth moves with its
+// neighbours' load (16 to 60 GB/s within minutes), so a roofline measured once would not be
+// the one the runs met.
+std::vector<Sample> per_path(const std::vector<std::string>& isas, int rounds, const std::function<double()>& fn,
+                             ThreadPool* pool = nullptr, double* bandwidth = nullptr) {
   std::vector<std::vector<double>> tps(isas.size()), cpu(isas.size());
+  std::vector<double> bw;
   for (int r = 0; r < rounds; ++r)
     for (size_t i = 0; i < isas.size(); ++i) {
+      if (bandwidth) bw.push_back(read_bandwidth(*pool, size_t(1) << 29, 2));
       if (!matmul_set_isa(isas[i].c_str())) throw std::runtime_error("this CPU cannot run the " + isas[i] + " path");
       const double c0 = cpu_seconds();
       tps[i].push_back(fn());
       cpu[i].push_back(cpu_seconds() - c0);
     }
   matmul_set_isa(nullptr);
+  if (bandwidth) *bandwidth = bench::median(bw);
   std::vector<Sample> med;
   for (size_t i = 0; i < isas.size(); ++i) med.push_back({bench::median(tps[i]), bench::median(cpu[i])});
   return med;
 }
 
+// bandwidth: the row's own median read bandwidth (GB/s), printed when given.
 void print_row(const char* type, int threads, const std::string& what, const std::vector<std::string>& isas,
-               const std::vector<Sample>& got, double roof_tps, const char* roof_what, double ops_per_token) {
+               const std::vector<Sample>& got, double roof_tps, const char* roof_what, double ops_per_token,
+               double bandwidth = 0) {
   for (size_t i = 0; i < isas.size(); ++i) {
     const double tps = got[i].tps;
     std::printf("%-6s %3d %-19s %-7s %10.2f %10.2f %8.1f%%", type, threads, what.c_str(), isas[i].c_str(), tps,
                 roof_tps, 100.0 * tps / roof_tps);
     if (ops_per_token > 0) std::printf(" %9.1f", tps * ops_per_token / 1e9);
     else std::printf(" %9s", "-");
-    std::printf(" %-6s %6.2fx %8.2fx\n", roof_what, tps / got[0].tps, got[0].cpu / got[i].cpu);
+    std::printf(" %-6s %6.2fx %8.2fx", roof_what, tps / got[0].tps, got[0].cpu / got[i].cpu);
+    if (bandwidth > 0) std::printf(" %7.1f", bandwidth);
+    std::printf("\n");
   }
   std::fflush(stdout);
 }
@@ -331,6 +367,7 @@ int main(int argc, char** argv) {
     for (int th : split_ints(threads)) {
       ThreadPool pool(th);
       const double bw = read_bandwidth(pool, size_t(1) << 30);
+      double row_bw = 0;
       const Peaks pk = peaks(pool);
       // BF16 weights take bf16 dot products where the path has them (matmul_bf16_dot).
       const bool bf16_dot = parse_type(tname) == DType::BF16 && pk.bf16 > 0;
@@ -341,6 +378,8 @@ int main(int argc, char** argv) {
                   tname.c_str(), th, weight_bytes / 1e6, bw, pk.f32, pk.int8, pk.bf16);
       std::printf("%-6s %3s %-19s %-7s %10s %10s %9s %9s %-6s %7s %9s\n", "type", "thr", "row", "path", "tok/s",
                   "roof tok/s", "% roof", "G op/s", "roof", "ratio", "cpu ratio");
+      std::printf("# decode rows: roof tok/s from the read bandwidth measured before each of their runs "
+                  "(median, GB/s, last column)\n");
       std::fflush(stdout);
 
       // Short-context decode.
@@ -353,8 +392,8 @@ int main(int argc, char** argv) {
           gp.n_predict = n_tokens + 1;
           gp.ignore_eos = true;
           return generate(ctx, {1}, gp, [](int32_t) { return true; }).decode_tokens_per_s;
-        });
-        print_row(tname.c_str(), th, "decode", isas, tps, bw * 1e9 / weight_bytes, "bw", 0);
+        }, &pool, &row_bw);
+        print_row(tname.c_str(), th, "decode", isas, tps, row_bw * 1e9 / weight_bytes, "bw", 0, row_bw);
       }
       // Prompt processing.
       for (int n : prompts) {
@@ -384,10 +423,10 @@ int main(int argc, char** argv) {
             const auto t0 = Clock::now();
             for (int i = 0; i < n_tokens; ++i) prefill(ctx, {1 + i}, depth + i, 1);
             return n_tokens / seconds_since(t0);
-          });
+          }, &pool, &row_bw);
           const double bytes = weight_bytes + kv_bytes(hp, depth + n_tokens / 2.0, kv_type);
           print_row(tname.c_str(), th, "decode @" + std::to_string(depth) + " " + kv_type_name(kv_type), isas, tps,
-                    bw * 1e9 / bytes, "bw", 0);
+                    row_bw * 1e9 / bytes, "bw", 0, row_bw);
         }
       }
     }
