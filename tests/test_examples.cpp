@@ -209,6 +209,28 @@ TEST(Examples, RunSpawnPassesItsParametersToTheNodes) {
   }
 }
 
+// ... and its cache settings: the stage nodes say which KV cache they built, and the tokens
+// are those `generate` gives with the same cache.
+TEST(Examples, RunSpawnPassesItsCacheSettingsToTheNodes) {
+  SPECMESH_REQUIRE_REFDATA();
+  auto want = shell(cli("generate -m " + refdata_path() + " -p '" + kPrompt + "' -n 24 --temp 0 --json --kv-type q8_0"));
+  ASSERT_EQ(want.status, 0) << want.out;
+  auto r = shell("SPECMESH_LOG=info " + cli("run " + kExamples + "pipeline-2stage-ipc.toml --spawn --port-base 0 -p '" +
+                                            kPrompt + "' -n 24 --json --kv-type q8_0 -c 200 2>&1"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  for (const char* node : {"stage0", "stage1"})
+    EXPECT_NE(r.out.find(std::string("node ") + node + " serving at"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("f16 KV cache"), std::string::npos) << r.out;
+  size_t q8 = 0;
+  for (size_t at = r.out.find("(1 stages, q8_0 KV cache)"); at != std::string::npos;
+       at = r.out.find("(1 stages, q8_0 KV cache)", at + 1))
+    ++q8;
+  EXPECT_EQ(q8, 2u) << r.out;
+  const nlohmann::json got = test::last_json(r.out);
+  ASSERT_TRUE(got.is_object()) << r.out;
+  EXPECT_EQ(got["ids"], nlohmann::json::parse(want.out)["ids"]);
+}
+
 TEST(Examples, BrokenTopologyNamesFileLineAndKey) {
   SPECMESH_REQUIRE_REFDATA();
   // The single-process example with one wrong value, kept in the examples folder so the

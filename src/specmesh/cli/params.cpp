@@ -103,4 +103,9 @@ void override_run(Topology& topo, const std::string& strategy, const std::map<st
   for (const auto& [k, v] : params) topo.run.params[k] = v;
 }
 
+void override_cache(Topology& topo, int n_ctx, const std::string& kv_type) {
+  if (n_ctx >= 0) topo.run.n_ctx = n_ctx;
+  if (!kv_type.empty()) topo.run.kv_type = kv_type;
+}
+
 }  // namespace specmesh

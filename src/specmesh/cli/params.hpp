@@ -40,5 +40,7 @@ class ParamOptions {
 // Command-line choices over a topology file's [run]: a strategy other than the file's starts
 // from its defaults (the file's parameters are another strategy's), then `params` override.
 void override_run(Topology& topo, const std::string& strategy, const std::map<std::string, ParamValue>& params);
+// The same for the KV cache: n_ctx >= 0 and a non-empty kv_type replace the file's.
+void override_cache(Topology& topo, int n_ctx, const std::string& kv_type);
 
 }  // namespace specmesh

@@ -26,7 +26,8 @@ namespace specmesh {
 namespace {
 
 struct RunOptions {
-  std::string config, prompt, strategy;
+  std::string config, prompt, strategy, kv_type;
+  int n_ctx = -1;  // -1: the file's
   ParamOptions params;
   int n_predict = 0;
   int port_base = -1;
@@ -43,6 +44,7 @@ int run_topology(const RunOptions& o, const CLI::App& cmd) {
   ro.allow_remote = o.allow_remote;
   Topology topo = Topology::load(o.config);
   override_run(topo, o.strategy, o.params.values(cmd));
+  override_cache(topo, o.n_ctx, o.kv_type);
   auto rt = std::make_unique<Runtime>(std::move(topo), ro);
   GenerationRequest req;
   req.prompt = o.prompt;
@@ -80,7 +82,8 @@ int run_topology(const RunOptions& o, const CLI::App& cmd) {
 }
 
 int run_node(const std::string& config, const std::string& name, int port_base, const std::string& keys,
-             bool allow_remote, const std::string& strategy, const std::map<std::string, ParamValue>& params) {
+             bool allow_remote, const std::string& strategy, const std::map<std::string, ParamValue>& params,
+             int n_ctx, const std::string& kv_type) {
   // Block the stop signals before any thread starts, then wait for one of them.
   sigset_t set;
   sigemptyset(&set);
@@ -91,6 +94,7 @@ int run_node(const std::string& config, const std::string& name, int port_base, 
   Topology topo = Topology::load(config);
   if (!topo.nodes.count(name)) throw ConfigError(config + ": no node named '" + name + "' in [nodes]");
   override_run(topo, strategy, params);
+  override_cache(topo, n_ctx, kv_type);
   if (port_base > 0) move_endpoints(topo, port_base);
   if (!keys.empty()) topo.security.keys = std::filesystem::absolute(keys).string();
   if (allow_remote) topo.security.allow_remote = true;
@@ -104,7 +108,8 @@ int run_node(const std::string& config, const std::string& name, int port_base, 
   caf::actor_system sys{cfg};
   {
     NodeHost host(sys, topo, name, models);
-    spdlog::info("node {} serving at {} ({} stages)", name, topo.nodes.at(name).endpoint, host.stages().size());
+    spdlog::info("node {} serving at {} ({} stages, {} KV cache)", name, topo.nodes.at(name).endpoint,
+                 host.stages().size(), topo.run.kv_type);
     int sig = 0;
     sigwait(&set, &sig);
     spdlog::info("node {} stopping (signal {})", name, sig);
@@ -132,6 +137,8 @@ void register_run(CLI::App& app) {
                 "let tcp:// nodes listen on addresses other than loopback (as [security] allow_remote; needs keys)");
   cmd->add_option("--strategy", o->strategy, "override run.strategy (" + strategy_names() + ")");
   o->params.add_to(*cmd);
+  cmd->add_option("-c,--ctx", o->n_ctx, "override run.n_ctx (0: the model's)")->check(CLI::NonNegativeNumber);
+  add_kv_type_option(*cmd, o->kv_type);
   cmd->callback([o, cmd] {
     int rc = run_topology(*o, *cmd);
     if (rc != 0) throw CLI::RuntimeError(rc);
@@ -144,7 +151,8 @@ void register_node(CLI::App& app) {
     int port_base = -1;
     std::string keys;
     bool allow_remote = false;
-    std::string strategy;
+    std::string strategy, kv_type;
+    int n_ctx = -1;
     ParamOptions params;
   };
   auto o = std::make_shared<Opts>();
@@ -161,8 +169,12 @@ void register_node(CLI::App& app) {
   cmd->add_option("--strategy", o->strategy,
                   "override run.strategy (" + strategy_names() + "; `specmesh run --spawn` passes its own)");
   o->params.add_to(*cmd);
+  cmd->add_option("-c,--ctx", o->n_ctx, "override run.n_ctx (`specmesh run --spawn` passes its own)")
+      ->check(CLI::NonNegativeNumber);
+  add_kv_type_option(*cmd, o->kv_type);
   cmd->callback([o, cmd] {
-    run_node(o->config, o->name, o->port_base, o->keys, o->allow_remote, o->strategy, o->params.values(*cmd));
+    run_node(o->config, o->name, o->port_base, o->keys, o->allow_remote, o->strategy, o->params.values(*cmd),
+             o->n_ctx, o->kv_type);
   });
 }
 

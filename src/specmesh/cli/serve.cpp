@@ -53,8 +53,7 @@ Topology configuration(const ServeCommand& o, const CLI::App& cmd) {
   if (!o.config.empty()) {
     Topology t = Topology::load(o.config);
     override_run(t, o.strategy, o.params.values(cmd));
-    if (o.n_ctx > 0) t.run.n_ctx = o.n_ctx;
-    if (!o.kv_type.empty()) t.run.kv_type = o.kv_type;
+    override_cache(t, o.n_ctx > 0 ? o.n_ctx : -1, o.kv_type);
     return t;
   }
   std::map<std::string, ModelSpec> roles;

@@ -72,8 +72,11 @@ Runtime::Runtime(Topology topology, RuntimeOptions options) : impl_(std::make_un
       child_args.insert(child_args.end(), {"--keys", m.keys->dir()});
     }
   }
-  // The nodes it starts read the file: the strategy and parameters this run was given on top
-  // of it go with them, so every node builds the same strategy with the same settings.
+  // The nodes it starts read the file: the strategy, parameters and cache settings this run was
+  // given on top of it go with them, so every node builds the same strategy with the same
+  // settings and the same caches.
+  if (m.opts.spawn_nodes)
+    child_args.insert(child_args.end(), {"--ctx", std::to_string(m.topo.run.n_ctx), "--kv-type", m.topo.run.kv_type});
   if (m.opts.spawn_nodes && !m.topo.run.strategy.empty()) {
     const StrategyInfo& info = strategy(m.topo.run.strategy);
     child_args.insert(child_args.end(), {"--strategy", m.topo.run.strategy});
