@@ -54,31 +54,34 @@ KvCache::KvCache(int n_cells, int layer_begin, int layer_end, int kv_dim, DType 
   }
 }
 
-uint8_t* KvCache::row(const std::vector<AlignedBuffer>& rows, int layer, int32_t cell) const {
-  if (layer < layer_begin_ || layer >= layer_end_ || cell < 0 || cell >= n_cells())
-    throw std::out_of_range("KV row of layer " + std::to_string(layer) + ", cell " + std::to_string(cell) +
-                            " is outside the cache's layers [" + std::to_string(layer_begin_) + ", " +
-                            std::to_string(layer_end_) + ") and " + std::to_string(n_cells()) + " cells");
-  // The cache owns its rows; write() is the one non-const caller.
-  return const_cast<uint8_t*>(rows[size_t(layer - layer_begin_)].data()) + size_t(cell) * row_bytes_;
-}
-
-KvRows KvCache::rows(int layer) const {
+size_t KvCache::layer_index(int layer) const {
   if (layer < layer_begin_ || layer >= layer_end_)
     throw std::out_of_range("layer " + std::to_string(layer) + " is outside the KV cache's [" +
                             std::to_string(layer_begin_) + ", " + std::to_string(layer_end_) + ")");
-  const size_t l = size_t(layer - layer_begin_);
+  return size_t(layer - layer_begin_);
+}
+
+size_t KvCache::row_offset(int32_t cell) const {
+  if (cell < 0 || cell >= n_cells())
+    throw std::out_of_range("cell " + std::to_string(cell) + " is outside the KV cache's " + std::to_string(n_cells()));
+  return size_t(cell) * row_bytes_;
+}
+
+KvRows KvCache::rows(int layer) const {
+  const size_t l = layer_index(layer);
   return KvRows{k_[l].data(), v_[l].data(), size_t(kv_dim_), type_, 0};
 }
 
 void KvCache::write(int layer, int32_t cell, const float* k, const float* v) {
-  if (k) kv_store(type_, k, size_t(kv_dim_), row(k_, layer, cell));
-  if (v) kv_store(type_, v, size_t(kv_dim_), row(v_, layer, cell));
+  const size_t l = layer_index(layer), off = row_offset(cell);
+  if (k) kv_store(type_, k, size_t(kv_dim_), k_[l].data() + off);
+  if (v) kv_store(type_, v, size_t(kv_dim_), v_[l].data() + off);
 }
 
 void KvCache::read(int layer, int32_t cell, float* k, float* v) const {
-  if (k) kv_load(type_, row(k_, layer, cell), 0, size_t(kv_dim_), k);
-  if (v) kv_load(type_, row(v_, layer, cell), 0, size_t(kv_dim_), v);
+  const size_t l = layer_index(layer), off = row_offset(cell);
+  if (k) kv_load(type_, k_[l].data() + off, 0, size_t(kv_dim_), k);
+  if (v) kv_load(type_, v_[l].data() + off, 0, size_t(kv_dim_), v);
 }
 
 int KvCache::used() const {

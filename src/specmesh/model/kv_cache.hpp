@@ -76,7 +76,10 @@ class KvCache {
   void visible_cells(int32_t pos, SeqSet seqs, std::vector<int32_t>& out) const;
 
  private:
-  uint8_t* row(const std::vector<AlignedBuffer>& rows, int layer, int32_t cell) const;
+  // Index of `layer` in k_ / v_, and the byte offset of `cell`'s row; both throw
+  // std::out_of_range naming what is outside.
+  size_t layer_index(int layer) const;
+  size_t row_offset(int32_t cell) const;
 
   int layer_begin_, layer_end_, kv_dim_;
   DType type_;
