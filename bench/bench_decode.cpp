@@ -87,52 +87,19 @@ struct Sample {
   double cpu = 0;
 };
 
-// The sum of buf[b, e) (e - b a multiple of 32) with 256-bit loads, eight in flight: on this
-// machine about 1.25x the bandwidth 64-bit loads reach, and above what decode reaches.
-__attribute__((target("avx2"))) uint64_t sum_avx2(const uint64_t* buf, size_t b, size_t e) {
-  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-  for (size_t i = b; i < e; i += 32) {
-    const __m256i* p = reinterpret_cast<const __m256i*>(buf + i);
-    a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(p));
-    a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(p + 1));
-    a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(p + 2));
-    a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(p + 3));
-    a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(p + 4));
-    a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(p + 5));
-    a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(p + 6));
-    a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(p + 7));
-  }
-  const __m256i a = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
-  uint64_t lanes[4];
-  std::memcpy(lanes, &a, sizeof lanes);
-  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
-}
-
-uint64_t sum_scalar(const uint64_t* buf, size_t b, size_t e) {
-  uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-  for (size_t i = b; i + 4 <= e; i += 4) {
-    a0 += buf[i];
-    a1 += buf[i + 1];
-    a2 += buf[i + 2];
-    a3 += buf[i + 3];
-  }
-  return a0 + a1 + a2 + a3;
-}
-
 // Streaming read bandwidth (GB/s) over a buffer much larger than the caches, like the
 // read-only part of STREAM: each thread sums its own contiguous share, the best of `reps`.
 double read_bandwidth(ThreadPool& pool, size_t bytes, int reps = 5) {
   static std::vector<uint64_t> buf;
   if (buf.size() * 8 < bytes) buf.assign(bytes / 8, 1);
   const size_t n = bytes / 8;
-  const bool avx2 = __builtin_cpu_supports("avx2");
   double best = 0;
   std::vector<uint64_t> partial(pool.size() * 8);  // a cache line per thread
   for (int rep = 0; rep < reps; ++rep) {
     auto t0 = Clock::now();
     pool.run([&](int ith, int nth) {
       const size_t per = n / nth / 32 * 32, b = per * ith, e = b + per;
-      partial[ith * 8] = avx2 ? sum_avx2(buf.data(), b, e) : sum_scalar(buf.data(), b, e);
+      partial[ith * 8] = bench::read_sum(buf.data(), b, e);
     });
     const double sec = seconds_since(t0);
     uint64_t check = 0;

@@ -103,14 +103,7 @@ void mem_read(benchmark::State& state, int threads) {
   for (auto _ : state) {
     tp.run([&](int ith, int nth) {
       const size_t n = buf.size(), b = n * size_t(ith) / size_t(nth), e = n * size_t(ith + 1) / size_t(nth);
-      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      for (size_t i = b; i + 4 <= e; i += 4) {
-        s0 += buf[i];
-        s1 += buf[i + 1];
-        s2 += buf[i + 2];
-        s3 += buf[i + 3];
-      }
-      sums[size_t(ith) * 8] = s0 + s1 + s2 + s3;
+      sums[size_t(ith) * 8] = bench::read_sum(buf.data(), b, e);
     });
     benchmark::DoNotOptimize(sums.data());
   }
