@@ -131,7 +131,7 @@ void register_generate(CLI::App& app) {
       ->check(CLI::Range(-1, std::numeric_limits<int>::max()));
   cmd->add_option("-t,--threads", o->threads, "compute threads (default: all cores)")->check(CLI::NonNegativeNumber);
   cmd->add_option("-c,--ctx", o->n_ctx, "context size in tokens (default: the model's, at most 4096)")->check(CLI::NonNegativeNumber);
-  add_kv_type_option(*cmd, o->kv_type);
+  add_kv_type_option(*cmd, o->kv_type, "f16");
   cmd->add_option("--temp", o->temp, "temperature; 0 is greedy")->check(finite_in(0, 1e6));
   cmd->add_option("--top-k", o->top_k, "keep the k most likely tokens (0: off)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-p", o->top_p, "nucleus sampling threshold (1: off)")->check(finite_in(0, 1));

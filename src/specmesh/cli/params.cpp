@@ -78,11 +78,11 @@ std::map<std::string, ParamValue> ParamOptions::values(const CLI::App& cmd) cons
   return out;
 }
 
-void add_kv_type_option(CLI::App& cmd, std::string& kv_type) {
+void add_kv_type_option(CLI::App& cmd, std::string& kv_type, const std::string& default_text) {
   cmd.add_option("--kv-type", kv_type,
-                 "how the KV cache stores keys and values: f16 (default; half of f32's memory and bandwidth), "
-                 "q8_0 (about a quarter; needs rows of a multiple of 32 values) or f32")
-      ->capture_default_str()
+                 "how the KV cache stores keys and values (default: " + default_text +
+                     "): f16 (half of f32's memory and bandwidth), q8_0 (about a quarter; needs rows of a multiple "
+                     "of 32 values) or f32")
       ->transform(CLI::Validator(
           [](std::string& v) {
             try {

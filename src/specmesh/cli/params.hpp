@@ -19,8 +19,8 @@ namespace specmesh {
 CLI::Validator finite_in(double lo, double hi);
 
 // Adds --kv-type (f16, q8_0 or f32: how the KV cache stores keys and values) to `cmd`; the
-// value is written to `kv_type` in lower case.
-void add_kv_type_option(CLI::App& cmd, std::string& kv_type);
+// value is written to `kv_type` in lower case. `default_text` says what applies without it.
+void add_kv_type_option(CLI::App& cmd, std::string& kv_type, const std::string& default_text);
 
 class ParamOptions {
  public:

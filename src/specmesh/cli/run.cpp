@@ -138,7 +138,7 @@ void register_run(CLI::App& app) {
   cmd->add_option("--strategy", o->strategy, "override run.strategy (" + strategy_names() + ")");
   o->params.add_to(*cmd);
   cmd->add_option("-c,--ctx", o->n_ctx, "override run.n_ctx (0: the model's)")->check(CLI::NonNegativeNumber);
-  add_kv_type_option(*cmd, o->kv_type);
+  add_kv_type_option(*cmd, o->kv_type, "the file's run.kv_type, f16 when it has none");
   cmd->callback([o, cmd] {
     int rc = run_topology(*o, *cmd);
     if (rc != 0) throw CLI::RuntimeError(rc);
@@ -171,7 +171,7 @@ void register_node(CLI::App& app) {
   o->params.add_to(*cmd);
   cmd->add_option("-c,--ctx", o->n_ctx, "override run.n_ctx (`specmesh run --spawn` passes its own)")
       ->check(CLI::NonNegativeNumber);
-  add_kv_type_option(*cmd, o->kv_type);
+  add_kv_type_option(*cmd, o->kv_type, "the file's run.kv_type; `specmesh run --spawn` passes its own");
   cmd->callback([o, cmd] {
     run_node(o->config, o->name, o->port_base, o->keys, o->allow_remote, o->strategy, o->params.values(*cmd),
              o->n_ctx, o->kv_type);

@@ -182,7 +182,7 @@ void register_serve(CLI::App& app) {
                 "a reply that fills its context drops the oldest half of it and goes on (else it ends, \"length\")");
   cmd->add_option("-c,--ctx", o->n_ctx, "context size in tokens (default: the model's / the topology's)")
       ->check(CLI::NonNegativeNumber);
-  add_kv_type_option(*cmd, o->kv_type);
+  add_kv_type_option(*cmd, o->kv_type, "the topology's run.kv_type; f16 with -m");
   cmd->add_option("-t,--threads", o->threads, "compute threads with -m (default: all cores)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--temp", o->temp, "temperature of requests that give none")->capture_default_str()->check(finite_in(0, 2));
   cmd->add_option("--top-k", o->top_k, "top_k of requests that give none (0: off)")->capture_default_str()->check(CLI::NonNegativeNumber);
