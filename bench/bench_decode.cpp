@@ -309,7 +309,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--kv-types: %s\n", e.what());
     return 2;
   }
-  if (kv_types.empty()) kv_types.push_back(DType::F16);
+  if (kv_types.empty()) kv_types.push_back(kDefaultKvType);
   std::filesystem::create_directories(dir);
 
   std::printf("# specmesh decode/prefill benchmark: preset %s, paths %s, %d decode tokens, prefill batch %d, "

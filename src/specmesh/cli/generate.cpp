@@ -10,6 +10,7 @@
 #include "specmesh/cli/commands.hpp"
 #include "specmesh/cli/output.hpp"
 #include "specmesh/cli/params.hpp"
+#include "specmesh/kernels/kv_rows.hpp"
 #include "specmesh/runtime.hpp"
 #include "specmesh/speculation/registry.hpp"
 
@@ -23,7 +24,7 @@ struct GenerateOptions {
   int n_predict = 128;
   int threads = 0;
   int n_ctx = 0;
-  std::string kv_type = "f16";
+  std::string kv_type;  // empty: the default (kv_rows.hpp)
   float temp = 0.8f, top_p = 1.0f, min_p = 0.0f;
   int top_k = 0;
   int64_t seed = -1;
@@ -52,8 +53,7 @@ Topology configuration(const GenerateOptions& o, const CLI::App& cmd, int thread
   t.run.strategy = o.strategy;
   t.run.params = o.params.values(cmd);
   t.run.n_predict = o.n_predict;
-  t.run.n_ctx = o.n_ctx;
-  t.run.kv_type = o.kv_type;
+  override_cache(t, o.n_ctx, o.kv_type);
   t.run.temperature = sp.temperature;
   t.run.top_k = sp.top_k;
   t.run.top_p = sp.top_p;
@@ -131,7 +131,7 @@ void register_generate(CLI::App& app) {
       ->check(CLI::Range(-1, std::numeric_limits<int>::max()));
   cmd->add_option("-t,--threads", o->threads, "compute threads (default: all cores)")->check(CLI::NonNegativeNumber);
   cmd->add_option("-c,--ctx", o->n_ctx, "context size in tokens (default: the model's, at most 4096)")->check(CLI::NonNegativeNumber);
-  add_kv_type_option(*cmd, o->kv_type, "f16");
+  add_kv_type_option(*cmd, o->kv_type, kv_type_name(kDefaultKvType));
   cmd->add_option("--temp", o->temp, "temperature; 0 is greedy")->check(finite_in(0, 1e6));
   cmd->add_option("--top-k", o->top_k, "keep the k most likely tokens (0: off)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-p", o->top_p, "nucleus sampling threshold (1: off)")->check(finite_in(0, 1));

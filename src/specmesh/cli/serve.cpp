@@ -69,8 +69,7 @@ Topology configuration(const ServeCommand& o, const CLI::App& cmd) {
   t.path = "serve";
   t.run.strategy = o.strategy;
   t.run.params = o.params.values(cmd);
-  t.run.n_ctx = o.n_ctx;
-  if (!o.kv_type.empty()) t.run.kv_type = o.kv_type;
+  override_cache(t, o.n_ctx, o.kv_type);
   return t;
 }
 

@@ -78,9 +78,13 @@ detail::PartialJob widened(const detail::PartialJob& j, WidenedRows& buf) {
   buf.k.resize(j.count * width);
   buf.v.resize(j.count * width);
   buf.cells.resize(j.count);
+  const size_t row_bytes = j.kv->row_bytes();
+  const auto* keys = static_cast<const uint8_t*>(j.kv->k);
+  const auto* values = static_cast<const uint8_t*>(j.kv->v);
   for (size_t t = 0; t < j.count; ++t) {
-    kv_load(j.kv->type, j.kv->k_row(j.cells[t]), j.kv_off + lo, width, buf.k.data() + t * width);
-    kv_load(j.kv->type, j.kv->v_row(j.cells[t]), j.kv_off + lo, width, buf.v.data() + t * width);
+    const size_t row = size_t(j.cells[t]) * row_bytes;
+    kv_load(j.kv->type, keys + row, j.kv_off + lo, width, buf.k.data() + t * width);
+    kv_load(j.kv->type, values + row, j.kv_off + lo, width, buf.v.data() + t * width);
     buf.cells[t] = int32_t(t);
   }
   buf.rows = KvRows{buf.k.data(), buf.v.data(), width, DType::F32, 0};

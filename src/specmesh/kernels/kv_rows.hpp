@@ -16,6 +16,10 @@
 
 namespace specmesh {
 
+// What a KV cache stores when nothing says otherwise (RunSpec::kv_type in the public
+// topology.hpp spells it "f16" too, as that header stands apart from the kernels).
+constexpr DType kDefaultKvType = DType::F16;
+
 // Whether `type` can hold KV rows: F32, F16 or Q8_0.
 bool kv_type_supported(DType type);
 // "f32", "f16", "q8_0" (any case) -> the type; throws std::invalid_argument naming the choices.

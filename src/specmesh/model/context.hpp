@@ -28,11 +28,11 @@ int context_size(const Model& model, int n_ctx);
 // head uses it to bound how long a run may take before it is called lost.
 // KV bytes count rows of kv_type.
 WorkCost forward_cost(const Model& model, int layer_begin, int layer_end, int tokens, int64_t context, int outputs,
-                      DType kv_type = DType::F16);
+                      DType kv_type);
 
 struct ContextParams {
   int n_ctx = 0;            // KV cells; 0: the model's training context (at most 4096)
-  DType kv_type = DType::F16;  // how the KV cache stores rows: F16, Q8_0 or F32 (kv_rows.hpp)
+  DType kv_type = kDefaultKvType;  // how the KV cache stores rows: F16, Q8_0 or F32 (kv_rows.hpp)
   int n_threads = 1;        // used when no pool is given
   int layer_begin = 0;      // this context computes layers [layer_begin, layer_end)
   int layer_end = -1;       // -1: the last layer (and the classifier)

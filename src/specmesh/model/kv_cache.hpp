@@ -31,10 +31,10 @@ class KvCache {
   // stored as `type` (kv_rows.hpp). Throws std::invalid_argument for a type that cannot hold
   // KV rows or a Q8_0 cache whose kv_dim is not a multiple of 32, and std::runtime_error,
   // naming the size, when it is more than this machine's memory or cannot be allocated.
-  KvCache(int n_cells, int layer_begin, int layer_end, int kv_dim, DType type = DType::F16);
+  KvCache(int n_cells, int layer_begin, int layer_end, int kv_dim, DType type = kDefaultKvType);
 
   // Bytes of keys and values n_cells cells of n_layers layers hold.
-  static uint64_t bytes_needed(int64_t n_cells, int n_layers, int kv_dim, DType type = DType::F16) {
+  static uint64_t bytes_needed(int64_t n_cells, int n_layers, int kv_dim, DType type = kDefaultKvType) {
     return uint64_t(n_cells) * uint64_t(n_layers) * uint64_t(kv_row_bytes(type, size_t(kv_dim))) * 2;
   }
 

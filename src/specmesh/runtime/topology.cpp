@@ -203,7 +203,7 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
     }
     s.n_predict = get<int>(e, r, "run.", "n_predict", 128);
     s.n_ctx = get<int>(e, r, "run.", "n_ctx", 0);
-    s.kv_type = get<std::string>(e, r, "run.", "kv_type", "f16");
+    s.kv_type = get<std::string>(e, r, "run.", "kv_type", kv_type_name(kDefaultKvType));
     try {
       s.kv_type = kv_type_name(parse_kv_type(s.kv_type));
     } catch (const std::invalid_argument& x) {
