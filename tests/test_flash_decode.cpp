@@ -224,9 +224,9 @@ std::vector<Case> cases() {
     v.push_back({gqa, 48, 48, n});
     v.push_back({odd, 48, 100, n});
   }
-  // Head sizes that are multiples of 64 take the AVX-512 kernel's routes: four heads of a KV
-  // head at a time (groups of 4 and 8, head_dim 64, 128 and 192), and heads alone (groups of 1
-  // and 2).
+  // Head sizes that are multiples of 64 take the AVX-512 kernel's routes: scores of four heads
+  // that share a KV head (groups of 4 and 8, head_dim 64, 128 and 192) or not (groups of 1 and
+  // 2), values of eight, four, two or one heads of a KV head at a time.
   for (size_t n : {257, 1000})
     for (const HeadShape& hs : {HeadShape{8, 8, 64}, HeadShape{8, 4, 128}, HeadShape{16, 2, 128}, HeadShape{8, 2, 192}})
       v.push_back({hs, 128, 128, n});
@@ -396,8 +396,12 @@ TEST_F(FlashDecodeTest, PlainAttentionEqualsSpeculativeFullOutput) {
   ThreadPool two(2);
   for (const std::string& isa : isas()) {
     use(isa);
+    // Each head alone against the whole layer: on the AVX-512 path the layer's heads take the
+    // shared routes (groups of 4, 8 and 7, the last with a block of four that spans two KV
+    // heads), a lone head the others.
     for (const Case& c : {Case{{8, 2, 64}, 128, 128, 2049}, Case{{4, 4, 32}, 128, 128, 300},
-                          Case{{6, 3, 20}, 48, 100, 161}, Case{{8, 2, 64}, 128, 128, 77}}) {
+                          Case{{6, 3, 20}, 48, 100, 161}, Case{{8, 2, 64}, 128, 128, 77},
+                          Case{{32, 4, 64}, 128, 128, 1001}, Case{{14, 2, 64}, 128, 128, 517}}) {
       const Problem p = make_problem(c.hs, c.n, 9);
       const SpecConfig cfg = config(c.S, c.chunk);
       const SpecRun r = run_spec(p, cfg, &two);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "specmesh/kernels/aligned_buffer.hpp"
 #include "specmesh/kernels/matmul.hpp"
 #include "specmesh/kernels/thread_pool.hpp"
 
@@ -95,7 +96,15 @@ detail::PartialJob widened(const detail::PartialJob& j, WidenedRows& buf) {
   for (size_t& off : buf.head_off) off -= lo;
   w.head_off = buf.head_off.data();
   w.cells = buf.cells.data();
+  w.next_count = 0;  // the next cells name rows of the stored cache, not of buf
   return w;
+}
+
+// A thread's scratch of at least n floats, 64-byte aligned so that whole-register loads never
+// straddle cache lines.
+float* scratch(AlignedBuffer& buf, size_t n) {
+  if (buf.size() < n * sizeof(float)) buf = AlignedBuffer(n * sizeof(float), false);
+  return reinterpret_cast<float*>(buf.data());
 }
 
 bool use_avx2() {
@@ -112,11 +121,14 @@ constexpr size_t kSmallWork = size_t(1) << 16;
 
 bool use_pool(ThreadPool* pool, size_t work) { return pool != nullptr && pool->size() > 1 && work >= kSmallWork; }
 
-// Runs fn(i) for i in [0, count): over the pool, or all here.
+constexpr size_t kNoSlot = size_t(-1);
+
+// Runs fn(i, then) for i in [0, count), over the pool or all here, where `then` is the index the
+// same thread runs next (kNoSlot for its last), so that fn can ask for its data early.
 template <class Fn>
 void run_each(size_t count, bool threaded, ThreadPool* pool, const Fn& fn) {
   auto range = [&](size_t b, size_t e) {
-    for (size_t i = b; i < e; ++i) fn(i);
+    for (size_t i = b; i < e; ++i) fn(i, i + 1 < e ? i + 1 : kNoSlot);
   };
   if (threaded) pool->parallel_for(count, range);
   else range(0, count);
@@ -163,10 +175,13 @@ void decode_heads(const float* q, int n_q, int group, const KvRows& kv, size_t k
   FlashPartials& parts = tls_parts;
   parts.reset(plan.n_slots(), n_q, D);
   const bool threaded = use_pool(pool, n * size_t(n_q) * size_t(D));
-  auto compute = [&](size_t slot) {
-    size_t b, e;
+  // Slot `slot`, then (on this thread) slot `then`, if any.
+  auto compute = [&](size_t slot, size_t then) {
+    size_t b, e, nb = 0, ne = 0;
     plan.slot_keys(slot, b, e);
-    flash_partial(q, n_q, group, kv, kv_off, scale, cells + b, e - b, parts, slot);
+    if (then != kNoSlot) plan.slot_keys(then, nb, ne);
+    flash_partial(q, n_q, group, n_q / group, kv, kv_off, scale, cells + b, e - b, parts, slot, 0, cells + nb,
+                  ne - nb);
   };
 
   // Slots 0 (sink) and 1 (window) make the speculative partial in slot 2; slots 3.. are the
@@ -174,13 +189,16 @@ void decode_heads(const float* q, int n_q, int group, const KvRows& kv, size_t k
   // otherwise all slots go in one parallel sweep (one pool wake-up).
   const size_t middle = plan.n_slots() - 3;
   if (spec_ready) {
-    run_each(2, threaded, pool, [&](size_t i) { compute(i); });
+    run_each(2, threaded, pool, [&](size_t i, size_t then) { compute(i, then); });
     merge_spec(parts, 0, n_q, spec);
     spec_ready();
-    run_each(middle, threaded && middle > 1, pool, [&](size_t i) { compute(i + 3); });
+    run_each(middle, threaded && middle > 1, pool,
+             [&](size_t i, size_t then) { compute(i + 3, then == kNoSlot ? kNoSlot : then + 3); });
   } else {
     const size_t computed = plan.n_slots() - 1;
-    run_each(computed, threaded && computed > 1, pool, [&](size_t i) { compute(i < 2 ? i : i + 1); });
+    auto slot = [](size_t i) { return i < 2 ? i : i + 1; };
+    run_each(computed, threaded && computed > 1, pool,
+             [&](size_t i, size_t then) { compute(slot(i), then == kNoSlot ? kNoSlot : slot(then)); });
     merge_spec(parts, 0, n_q, spec);
   }
   // The merge is a few percent of the work; a second pool wake-up costs more under load.
@@ -235,7 +253,8 @@ void flash_partial(const float* q, int n_q, int group, const KvRows& kv, size_t 
 }
 
 void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& kv, size_t kv_off, float scale,
-                   const int32_t* cells, size_t count, FlashPartials& out, size_t slot, int head0) {
+                   const int32_t* cells, size_t count, FlashPartials& out, size_t slot, int head0,
+                   const int32_t* next, size_t next_count) {
   const int D = out.head_dim;
   float* o = out.o_at(slot, head0);
   float* m = out.m.data() + out.at(slot, head0);
@@ -246,13 +265,15 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
     std::fill(l, l + n_q, 0.0f);
     return;
   }
-  thread_local std::vector<float> scores;
+  thread_local AlignedBuffer scores, key_block;
   thread_local std::vector<size_t> head_off;
-  scores.resize(size_t(n_q) * round_up(count, 16));  // rows padded to 8 (AVX2) or 16 (AVX-512)
   head_off.resize(size_t(n_q));
   for (int h = 0; h < n_q; ++h) head_off[size_t(h)] = size_t((h / group) % n_kv) * size_t(D);
-  const detail::PartialJob job{q, n_q, group, &kv, kv_off + kv.offset, head_off.data(), D, scale,
-                               cells, count, o, m, l, scores.data()};
+  const auto [lo, hi] = std::minmax_element(head_off.begin(), head_off.end());
+  // The key block holds 16 keys' span of the heads' rows.
+  const detail::PartialJob job{q, n_q, group, &kv, kv_off + kv.offset, head_off.data(), D, scale, cells, count, o, m, l,
+                               scratch(scores, size_t(n_q) * detail::score_stride(count)),
+                               scratch(key_block, 16 * (*hi - *lo + size_t(D))), next, next_count};
   thread_local WidenedRows wide;
 #ifdef SPECMESH_HAVE_AVX2_TU
   // The SIMD kernels read F32 and F16 in place; the AVX-512 one also Q8_0 when each head's
@@ -326,7 +347,7 @@ void flash_decode_rows(const float* q, const HeadShape& hs, float scale, const K
     for (size_t r = r0; r < r1; ++r) work += n[r];
     const bool threaded = use_pool(pool, work * size_t(H) * size_t(D));
     const float* qg = q + r0 * row_values;
-    run_each(items, threaded && items > 1, pool, [&](size_t i) {
+    run_each(items, threaded && items > 1, pool, [&](size_t i, size_t) {
       if (i < shared) {
         const size_t slot = i == 0 ? 0 : i + 2;
         size_t b, e;

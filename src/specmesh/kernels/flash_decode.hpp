@@ -84,9 +84,12 @@ struct FlashPartials {
 void flash_partial(const float* q, int n_q, int group, const KvRows& kv, size_t kv_off, float scale,
                    const int32_t* cells, size_t count, FlashPartials& out, size_t slot);
 // The same for query heads that span several tokens: head h reads KV head (h / group) % n_kv
-// and is written to head head0 + h of `out`.
+// and is written to head head0 + h of `out`. `next` and `next_count` name the cells the calling
+// thread reads after this partial, whose rows may be asked for while it computes (a hint: the
+// result is the same without it).
 void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& kv, size_t kv_off, float scale,
-                   const int32_t* cells, size_t count, FlashPartials& out, size_t slot, int head0);
+                   const int32_t* cells, size_t count, FlashPartials& out, size_t slot, int head0,
+                   const int32_t* next = nullptr, size_t next_count = 0);
 
 // Merges slots [s0, s1) of head h into (o[head_dim], m, l): the maximum over all slots first,
 // then each slot scaled once by e^(m_s - m) and summed in slot order. Empty slots add nothing.
@@ -155,8 +158,17 @@ struct PartialJob {
   float* o;        // n_q * head_dim, head-major
   float* m;        // n_q
   float* l;        // n_q
-  float* scores;   // scratch: n_q rows of roundup(count, 16) (the AVX2 kernel uses 8 of the padding)
+  float* scores;   // scratch: n_q * score_stride(count) floats (AVX-512 rows; the others pack tighter)
+  float* key_block;  // scratch: 16 keys of the row span the heads read (AVX-512 kernel)
+  // The cells this thread reads next (a prefetch hint; none when next_count is 0).
+  const int32_t* next_cells;
+  size_t next_count;
 };
+
+// The stride of PartialJob::scores: kScoreRows for up to that many keys (the default chunk, so
+// that the kernels see one constant stride), else count rounded up to 16.
+constexpr size_t kScoreRows = 128;
+constexpr size_t score_stride(size_t count) { return count <= kScoreRows ? kScoreRows : (count + 15) / 16 * 16; }
 
 void flash_partial_avx2(const PartialJob& job);
 void flash_partial_avx512(const PartialJob& job);  // head_dim a multiple of 64; Q8_0 block-aligned

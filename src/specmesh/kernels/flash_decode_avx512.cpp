@@ -1,20 +1,27 @@
 // AVX-512 flash-decode partial, for head sizes that are a multiple of 64. Built with AVX-512
 // F/DQ and only called when matmul's AVX-512 path is selected (flash_decode.cpp).
 //
-// Scores: each key's dot product with a head's query is one 16-lane accumulator (head_dim / 16
-// fused multiply-adds in d order); sixteen accumulators are then summed across their lanes
-// together, by a shuffle-and-add tree that fills one vector with the sixteen scores (45
-// instructions for 16 scores, where a horizontal sum per key costs about 10 each). Four heads
-// that read one KV head take four keys at a time, each key row loaded once for the four;
-// other heads take sixteen keys alone. The weights' maximum and sum are 16 lanes wide. Values:
-// up to four heads of one KV head keep their outputs in registers while the keys pass, so each
-// value row is loaded once for all of them.
+// Scores, over blocks of 16 keys. The block's key rows (the part the job reads) are widened
+// once into a scratch block laid out four values by sixteen keys: chunk c (values 4c .. 4c + 4
+// of a row) of keys 0 .. 16 is 64 consecutive floats. Each head then takes one 128-bit
+// broadcast of its query's chunk c per chunk and multiply-adds it into four accumulators of
+// four keys each, so one score is four lanes (lane r adds q[4c + r] k[4c + r] in chunk order)
+// and its lanes are added by two shuffle-and-add steps shared by sixteen scores: 0.7 operations
+// per score, where a 16-lane dot product costs about 3. Heads that read one KV head share the
+// block's loads; the widening (F16, Q8_0) happens once per key for all of them.
+// Values: up to eight heads of one KV head keep their outputs in registers while the keys pass,
+// so each value row is loaded and widened once for all of them.
 //
-// Determinism: a key's score adds its lanes in one fixed tree whatever its place among the
-// sixteen (and whichever route, four heads or one, computed it); the weights' sum adds keys
-// t, t + 16, ... in each lane, then the lanes by one tree; every output sums its keys in key
-// order. So as in the AVX2 kernel a head's result does not depend on which heads share a
-// call or which thread runs it.
+// Memory: each block asks, a few rows at a time between the multiply-adds, for the key rows of
+// the block after next (to L1) and the value rows of this block (to L2); the softmax and the
+// values pass ask for the rows of the partial this thread computes next (PartialJob::next), so
+// the memory is busy while they compute.
+//
+// Determinism: a score's four lanes and their sum are the same operations whichever heads share
+// its call and wherever its key sits in a block; the weights' sum adds keys t, t + 16, ... in
+// each lane, then the lanes by one tree; every output sums its keys in key order. So as in the
+// AVX2 kernel a head's result does not depend on which heads share a call or which thread runs
+// it.
 //
 // Helpers live in an anonymous namespace and no standard-library template is instantiated
 // here (see matmul_avx512.cpp).
@@ -51,30 +58,10 @@ inline __m512 exp_neg16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+  // p * 2^k by one scalef: k is an integer in [-126, 126], so this is the product by the
+  // normal number 2^k, rounded once as the AVX2 kernel's multiply rounds it.
+  return _mm512_scalef_ps(p, k);
 }
-
-// The sixteen lane sums of a[0..16), result lane i = sum of a[kOrder[i]]'s lanes: the tree
-// leaves lane 4k + e holding input 4e + k, so inputs are passed in that transposed order.
-[[gnu::always_inline]] inline __m512 sum16(const __m512 (&a)[16]) {
-  __m512 x[8], y[4], z[2];
-  for (int i = 0; i < 8; ++i)  // halves: lanes 0-7 of a[2i], then of a[2i+1]
-    x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
-                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
-  for (int i = 0; i < 4; ++i)  // quarters: one 128-bit lane per input
-    y[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0xDD));
-  for (int i = 0; i < 2; ++i)  // pairs within 128-bit lanes
-    z[i] = _mm512_add_ps(_mm512_shuffle_ps(y[2 * i], y[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(y[2 * i], y[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  return _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
-// Lane 4k + e of sum16's result comes from input 4e + k: key u of a block goes in input
-// slot kSlot[u] so that lane u holds key u.
-constexpr int kSlot[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
 
 // How a stored type is read. Ptr points at a value of a row; at() finds value `value` of cell
 // `cell`; load16(p, c) widens values [16c, 16c + 16) from p to floats, as kv_load does (F16
@@ -118,10 +105,34 @@ struct Q8Rows {
 // without asking the loads wait on memory (about 1.4x slower at 16K keys).
 constexpr size_t kAhead = 16;
 
+// The rows the thread reads after this partial (PartialJob::next): the bytes [lo, hi) of each
+// key row, then of each value row, asked for to L2 a few cache lines per call.
+struct NextRows {
+  const char* base[2];  // key rows, value rows
+  const int32_t* cells;
+  size_t count, row_bytes, lo, hi;
+  int which = 0;     // 0: key rows, 1: value rows, 2: done
+  size_t row = 0;    // the next row's index into cells
+  size_t at = 0;     // the next line's byte offset within it
+  size_t total() const { return 2 * count * ((hi - lo + 63) / 64); }
+  void ask(size_t lines) {
+    if (count == 0) return;
+    for (; lines > 0 && which < 2; --lines) {
+      _mm_prefetch(base[which] + size_t(cells[row]) * row_bytes + lo + at, _MM_HINT_T1);
+      if ((at += 64) < hi - lo) continue;
+      at = 0;
+      if (++row == count) row = 0, ++which;
+    }
+  }
+};
+
 // For heads h0 .. h0 + H (one KV head): o_h[o0 .. o0 + 16 N) = the sum over keys t in index
-// order of w_h[t] * v_t[off .. off + 16 N).
-template <int N, int H, class E>
-inline void accumulate(const PartialJob& j, int h0, size_t ld, size_t off, size_t o0 = 0) {
+// order of w_h[t] * v_t[off .. off + 16 N). Asks for `ask` lines of the next rows per key.
+// LD: the score rows' stride when it is the usual one (kScoreRows), which leaves the eight
+// heads' weights one register and constant offsets away; 0: read it from `ld`.
+template <int N, int H, class E, size_t LD>
+inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size_t o0, NextRows& next, size_t ask) {
+  const size_t ld = LD > 0 ? LD : ld_;
   const size_t row_bytes = E::bytes(j.kv->row_stride);
   __m512 acc[H][N];
   for (auto& a : acc)
@@ -134,10 +145,16 @@ inline void accumulate(const PartialJob& j, int h0, size_t ld, size_t off, size_
       // One request per cache line of the 16 N values.
       for (size_t b = 0; b < E::bytes(16 * N); b += 64) _mm_prefetch(reinterpret_cast<const char*>(pv) + b, _MM_HINT_T0);
     }
+    next.ask(ask);
     __m512 vv[N];
     for (int c = 0; c < N; ++c) vv[c] = E::load16(v, c);
+    const float* wt = w + t;
+    // With LD constant, the H weights are wt plus constant offsets; hiding how wt was computed
+    // keeps the compiler from giving each head its own pointer (eight live pointers leave too
+    // few registers for the loop).
+    if (LD > 0) asm("" : "+r"(wt));
     for (int i = 0; i < H; ++i) {
-      const __m512 wv = _mm512_set1_ps(w[size_t(i) * ld + t]);
+      const __m512 wv = _mm512_set1_ps(wt[size_t(i) * ld]);
       for (int c = 0; c < N; ++c) acc[i][c] = _mm512_fmadd_ps(wv, vv[c], acc[i][c]);
     }
   }
@@ -161,67 +178,77 @@ inline void accumulate(const PartialJob& j, int h0, size_t ld, size_t off, size_
   return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
 }
 
-// Head h's part of the key rows of keys t0 .. t0 + U (keys past the last repeat key t0).
-template <class E, size_t U>
-[[gnu::always_inline]] inline void key_rows(const PartialJob& j, int h, size_t t0, typename E::Ptr (&krow)[U]) {
+// Widens values [first, first + width) of the key rows of keys t0 .. t0 + 16 (keys past the
+// last repeat key t0) into kt: value x of key u at kt[(x / 4) * 64 + 4 u + x % 4]. Four keys
+// at a time, their sixteen-value pieces transposed by 128-bit lanes in registers.
+template <class E>
+inline void key_block(const PartialJob& j, size_t t0, size_t first, size_t width, float* kt) {
   const size_t row_bytes = E::bytes(j.kv->row_stride);
-  for (size_t u = 0; u < U; ++u) {
-    const size_t t = t0 + u < j.count ? t0 + u : t0;
-    krow[u] = E::at(j.kv->k, row_bytes, j.cells[t], j.kv_off + j.head_off[h]);
-  }
-}
-
-// Scores of heads [h, h + 4), which read one KV head, for the keys t0 .. t0 + 4 (keys past the
-// last repeat key t0; their lanes are padding): one accumulator per (head, key), each key row
-// loaded once for the four heads. sum16's lane 4i + u is (head i, key u), the accumulator in
-// input slot 4u + i, so each 128-bit lane of the sums is one head's four scores.
-// ND = head_dim / 16 when it is a constant the compiler can unroll (0: read it from the job).
-template <int ND, class E>
-[[gnu::always_inline]] inline void scores_4x4(const PartialJob& j, int h, size_t t0, size_t ld) {
-  const int nd = ND > 0 ? ND : j.head_dim / 16;
-  typename E::Ptr krow[4];
-  key_rows<E>(j, h, t0, krow);
-  const float* q = j.q + size_t(h) * j.head_dim;
-  __m512 acc[16];
-  for (auto& a : acc) a = _mm512_setzero_ps();
-  for (int c = 0; c < nd; ++c) {
-    __m512 qv[4];
-    for (int i = 0; i < 4; ++i) qv[i] = _mm512_loadu_ps(q + size_t(i) * j.head_dim + 16 * c);
-    for (int u = 0; u < 4; ++u) {
-      const __m512 kv = E::load16(krow[u], c);
-      for (int i = 0; i < 4; ++i) acc[4 * u + i] = _mm512_fmadd_ps(qv[i], kv, acc[4 * u + i]);
+  for (size_t g = 0; g < 4; ++g) {
+    typename E::Ptr row[4];
+    for (size_t u = 0; u < 4; ++u) {
+      const size_t t = t0 + 4 * g + u < j.count ? t0 + 4 * g + u : t0;
+      row[u] = E::at(j.kv->k, row_bytes, j.cells[t], first);
+    }
+    for (size_t c = 0; c < width / 16; ++c) {
+      const __m512 x0 = E::load16(row[0], int(c)), x1 = E::load16(row[1], int(c));
+      const __m512 x2 = E::load16(row[2], int(c)), x3 = E::load16(row[3], int(c));
+      const __m512 a = _mm512_shuffle_f32x4(x0, x1, _MM_SHUFFLE(1, 0, 1, 0));  // x0 c0 c1, x1 c0 c1
+      const __m512 b = _mm512_shuffle_f32x4(x0, x1, _MM_SHUFFLE(3, 2, 3, 2));  // x0 c2 c3, x1 c2 c3
+      const __m512 c01 = _mm512_shuffle_f32x4(x2, x3, _MM_SHUFFLE(1, 0, 1, 0));
+      const __m512 c23 = _mm512_shuffle_f32x4(x2, x3, _MM_SHUFFLE(3, 2, 3, 2));
+      float* dst = kt + c * 256 + 16 * g;
+      _mm512_storeu_ps(dst, _mm512_shuffle_f32x4(a, c01, _MM_SHUFFLE(2, 0, 2, 0)));
+      _mm512_storeu_ps(dst + 64, _mm512_shuffle_f32x4(a, c01, _MM_SHUFFLE(3, 1, 3, 1)));
+      _mm512_storeu_ps(dst + 128, _mm512_shuffle_f32x4(b, c23, _MM_SHUFFLE(2, 0, 2, 0)));
+      _mm512_storeu_ps(dst + 192, _mm512_shuffle_f32x4(b, c23, _MM_SHUFFLE(3, 1, 3, 1)));
     }
   }
-  const __m512 s = _mm512_mul_ps(sum16(acc), _mm512_set1_ps(j.scale));
-  float* out = j.scores + size_t(h) * ld + t0;
-  _mm_storeu_ps(out, _mm512_extractf32x4_ps(s, 0));
-  _mm_storeu_ps(out + ld, _mm512_extractf32x4_ps(s, 1));
-  _mm_storeu_ps(out + 2 * ld, _mm512_extractf32x4_ps(s, 2));
-  _mm_storeu_ps(out + 3 * ld, _mm512_extractf32x4_ps(s, 3));
 }
 
-// Scores of head h alone for the keys t0 .. t0 + 16 (keys past the last repeat key t0).
-template <class E>
-inline void scores_16x1(const PartialJob& j, int h, size_t t0, size_t ld) {
-  const int nd = j.head_dim / 16;
-  typename E::Ptr krow[16];
-  key_rows<E>(j, h, t0, krow);
-  const float* q = j.q + size_t(h) * j.head_dim;
-  __m512 acc[16];
-  for (auto& a : acc) a = _mm512_setzero_ps();
-  for (int c = 0; c < nd; ++c) {
-    const __m512 qv = _mm512_loadu_ps(q + 16 * c);
-#pragma GCC unroll 16
-    for (int u = 0; u < 16; ++u)
-      acc[kSlot[u]] = _mm512_fmadd_ps(qv, E::load16(krow[u], c), acc[kSlot[u]]);
+// Scores of heads h .. h + H for the 16 keys of kt, which starts at value `lo` after kv_off.
+// Shared: the H heads read one KV head, so they share the block's loads.
+template <int H, bool Shared>
+[[gnu::always_inline]] inline void scores_block(const PartialJob& j, int h, const float* kt, size_t lo, size_t t0,
+                                                size_t ld) {
+  const int nc = j.head_dim / 4;
+  const float* kh[H];
+  const float* q[H];
+  for (int i = 0; i < H; ++i) {
+    kh[i] = kt + (j.head_off[h + i] - lo) * 16;
+    q[i] = j.q + size_t(h + i) * j.head_dim;
   }
-  _mm512_storeu_ps(j.scores + size_t(h) * ld + t0, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(j.scale)));
+  __m512 acc[H][4];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm512_setzero_ps();
+  for (int c = 0; c < nc; ++c) {
+    __m512 kv[4];
+    if (Shared)
+      for (int b = 0; b < 4; ++b) kv[b] = _mm512_loadu_ps(kh[0] + c * 64 + 16 * b);
+    for (int i = 0; i < H; ++i) {
+      const __m512 qv = _mm512_broadcast_f32x4(_mm_loadu_ps(q[i] + 4 * c));
+      for (int b = 0; b < 4; ++b)
+        acc[i][b] = _mm512_fmadd_ps(qv, Shared ? kv[b] : _mm512_loadu_ps(kh[i] + c * 64 + 16 * b), acc[i][b]);
+    }
+  }
+  // acc[i][b] lane 4u + r: key 4b + u, lane r. Two steps add (l0 + l2) + (l1 + l3), leaving
+  // key 4b + u in lane 4u + b; the permutation puts key t in lane t.
+  const __m512i to_keys = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  for (int i = 0; i < H; ++i) {
+    const __m512 x = _mm512_add_ps(_mm512_shuffle_ps(acc[i][0], acc[i][1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(acc[i][0], acc[i][1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 y = _mm512_add_ps(_mm512_shuffle_ps(acc[i][2], acc[i][3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(acc[i][2], acc[i][3], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm512_storeu_ps(j.scores + size_t(h + i) * ld + t0,
+                     _mm512_mul_ps(_mm512_permutexvar_ps(to_keys, r), _mm512_set1_ps(j.scale)));
+  }
 }
 
-// Heads [h, h + 4) read one KV head (so they can share key loads).
+// Heads [h, h + 4) read one KV head.
 inline bool shares_kv4(const PartialJob& j, int h) {
-  return h + 4 <= j.n_q && j.head_off[h] == j.head_off[h + 3] && j.head_off[h] == j.head_off[h + 1] &&
-         j.head_off[h] == j.head_off[h + 2];
+  return j.head_off[h] == j.head_off[h + 3] && j.head_off[h] == j.head_off[h + 1] && j.head_off[h] == j.head_off[h + 2];
 }
 
 // The partial over rows stored as E (F32Rows, F16Rows or Q8Rows).
@@ -229,48 +256,64 @@ template <class E>
 void partial(const PartialJob& j) {
   const int D = j.head_dim;  // a multiple of 64 (see flash_decode.cpp)
   const int nd = D / 16;
-  const size_t ld = (j.count + 15) / 16 * 16;
+  const size_t ld = score_stride(j.count);
 
-  // Scores. A (head, key) score is the same sum in the same order on both routes: one 16-lane
-  // accumulator adding the key's products in d order, its lanes summed by sum16's fixed tree.
-  // Each block asks for the next block's key rows (the part this job reads).
+  // The part of a row this job reads: values [lo, hi) after kv_off.
   size_t lo = j.head_off[0], hi = j.head_off[0];
   for (int h = 1; h < j.n_q; ++h) {
     lo = j.head_off[h] < lo ? j.head_off[h] : lo;
     hi = j.head_off[h] > hi ? j.head_off[h] : hi;
   }
-  // The bytes of a row this job reads.
-  lo = E::bytes(lo + j.kv_off);
-  hi = E::bytes(hi + j.kv_off + size_t(D));
+  hi += size_t(D);
+  const size_t lo_bytes = E::bytes(lo + j.kv_off), hi_bytes = E::bytes(hi + j.kv_off);
   const auto* key_bytes = static_cast<const char*>(j.kv->k);
+  const auto* val_bytes = static_cast<const char*>(j.kv->v);
   const size_t row_bytes = E::bytes(j.kv->row_stride);
-  int steps = 0;  // head steps per block
-  for (int h = 0; h < j.n_q; h += shares_kv4(j, h) ? 4 : 1) ++steps;
+
+  // Scores, block by block. Each head step asks for its share of the rows: the key rows of the
+  // block after next and the value rows of this block, a few at a time between the
+  // multiply-adds, as a burst of them stalls on the cache's miss buffers.
+  const int steps = j.n_q / 4 + j.n_q % 4;
   for (size_t t0 = 0; t0 < j.count; t0 += 16) {
+    key_block<E>(j, t0, j.kv_off + lo, hi - lo, j.key_block);
     int step = 0;
-    for (int h = 0; h < j.n_q; ++step) {
-      // This step's share of the next block's rows: asked for a few at a time between the
-      // multiply-adds, as a burst of them stalls on the cache's miss buffers (one layer at 16K
-      // keys took 1.2x longer with the whole block asked for at once).
-      const size_t r0 = t0 + kAhead + 16 * size_t(step) / size_t(steps);
-      const size_t r1 = t0 + kAhead + 16 * size_t(step + 1) / size_t(steps);
-      for (size_t t = r0; t < r1 && t < j.count; ++t) {
-        const char* row = key_bytes + size_t(j.cells[t]) * row_bytes;
-        for (size_t x = lo; x < hi; x += 64) _mm_prefetch(row + x, _MM_HINT_T0);
-      }
-      if (shares_kv4(j, h)) {
-        for (size_t u = 0; u < 16 && t0 + u < j.count; u += 4) {
-          if (nd == 4) scores_4x4<4, E>(j, h, t0 + u, ld);
-          else if (nd == 8) scores_4x4<8, E>(j, h, t0 + u, ld);
-          else scores_4x4<0, E>(j, h, t0 + u, ld);
+    auto ask = [&] {
+      const size_t u0 = 16 * size_t(step) / size_t(steps), u1 = 16 * size_t(step + 1) / size_t(steps);
+      for (size_t u = u0; u < u1; ++u) {
+        if (t0 + kAhead + u < j.count) {
+          const char* row = key_bytes + size_t(j.cells[t0 + kAhead + u]) * row_bytes;
+          for (size_t x = lo_bytes; x < hi_bytes; x += 64) _mm_prefetch(row + x, _MM_HINT_T0);
         }
-        h += 4;
-      } else {
-        scores_16x1<E>(j, h, t0, ld);
-        h += 1;
+        if (t0 + u < j.count) {
+          const char* row = val_bytes + size_t(j.cells[t0 + u]) * row_bytes;
+          for (size_t x = lo_bytes; x < hi_bytes; x += 64) _mm_prefetch(row + x, _MM_HINT_T1);
+        }
       }
+      ++step;
+    };
+    int h = 0;
+    for (; h + 4 <= j.n_q; h += 4) {
+      ask();
+      if (shares_kv4(j, h)) scores_block<4, true>(j, h, j.key_block, lo, t0, ld);
+      else scores_block<4, false>(j, h, j.key_block, lo, t0, ld);
+    }
+    for (; h < j.n_q; ++h) {
+      ask();
+      scores_block<1, false>(j, h, j.key_block, lo, t0, ld);
     }
   }
+
+  // The next partial's rows, asked for while the softmax and the values pass compute: spread
+  // over the values pass's key steps, the rest after it.
+  NextRows next{{key_bytes, val_bytes}, j.next_cells, j.next_count, row_bytes, lo_bytes, hi_bytes};
+  size_t passes = 0;  // value passes over the keys (see below)
+  for (int h = 0; h < j.n_q;) {
+    const int left = j.group - h % j.group;
+    const int take = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+    passes += size_t(take == 8 ? nd / 2 : take == 1 ? nd / 4 : nd / 4);
+    h += take;
+  }
+  const size_t ask = (next.total() + passes * j.count - 1) / (passes * j.count);
 
   // Weights e^(s - m) in place and their sum: the maximum over the real keys (exact in any
   // order), then sixteen lanes of partial sums in key order, added by one fixed tree.
@@ -299,22 +342,30 @@ void partial(const PartialJob& j) {
     j.l[h] = hsum16(vl);
   }
 
-  // Values: H heads of one KV head at a time, their outputs in registers while the keys pass
-  // in index order (each value row loaded once for the H heads).
-  for (int h = 0; h < j.n_q;) {
-    const size_t off = j.kv_off + j.head_off[h];
-    const int left = j.group - h % j.group;  // heads from h on that read this KV head
-    if (nd == 4 && left >= 4) {
-      accumulate<4, 4, E>(j, h, ld, off);
-      h += 4;
-    } else if (nd == 8 && left >= 2) {
-      accumulate<8, 2, E>(j, h, ld, off);
-      h += 2;
-    } else {
-      for (int c = 0; c < nd; c += 4) accumulate<4, 1, E>(j, h, ld, off + 16 * size_t(c), 16 * c);
-      h += 1;
+  // Values: up to eight heads of one KV head at a time, their outputs in registers while the
+  // keys pass in index order (each value row loaded and widened once for all of them).
+  auto values = [&]<size_t LD>() {
+    for (int h = 0; h < j.n_q;) {
+      const size_t off = j.kv_off + j.head_off[h];
+      const int left = j.group - h % j.group;  // heads from h on that read this KV head
+      if (left >= 8) {
+        for (int c = 0; c < nd; c += 2) accumulate<2, 8, E, LD>(j, h, ld, off + 16 * size_t(c), 16 * size_t(c), next, ask);
+        h += 8;
+      } else if (left >= 4) {
+        for (int c = 0; c < nd; c += 4) accumulate<4, 4, E, LD>(j, h, ld, off + 16 * size_t(c), 16 * size_t(c), next, ask);
+        h += 4;
+      } else if (left >= 2) {
+        for (int c = 0; c < nd; c += 4) accumulate<4, 2, E, LD>(j, h, ld, off + 16 * size_t(c), 16 * size_t(c), next, ask);
+        h += 2;
+      } else {
+        for (int c = 0; c < nd; c += 4) accumulate<4, 1, E, LD>(j, h, ld, off + 16 * size_t(c), 16 * size_t(c), next, ask);
+        h += 1;
+      }
     }
-  }
+  };
+  if (ld == kScoreRows) values.template operator()<kScoreRows>();
+  else values.template operator()<0>();
+  next.ask(next.total());
 }
 
 }  // namespace
