@@ -12,10 +12,10 @@
 // Values: up to eight heads of one KV head keep their outputs in registers while the keys pass,
 // so each value row is loaded and widened once for all of them.
 //
-// Memory: each block asks, a few rows at a time between the multiply-adds, for the key rows of
-// the block after next (to L1) and the value rows of this block (to L2); the softmax and the
-// values pass ask for the rows of the partial this thread computes next (PartialJob::next), so
-// the memory is busy while they compute.
+// Memory: the scores and the softmax ask, a few cache lines at a time between the
+// multiply-adds, for the rows of the partial this thread computes next (PartialJob::next, to
+// L2), so the memory stays busy while they compute; each score block also asks for its value
+// rows, and the values pass for the rows 16 keys ahead (to L1).
 //
 // Determinism: a score's four lanes and their sum are the same operations whichever heads share
 // its call and wherever its key sits in a block; the weights' sum adds keys t, t + 16, ... in
@@ -100,9 +100,8 @@ struct Q8Rows {
   static size_t bytes(size_t n) { return (n + QK8_0 - 1) / QK8_0 * sizeof(block_q8_0); }
 };
 
-// How many keys ahead the passes ask for key and value rows: rows a cell list names are not
-// where the hardware prefetcher looks (in a large model each row is its own 4 KiB page), and
-// without asking the loads wait on memory (about 1.4x slower at 16K keys).
+// How many keys ahead the values pass asks for value rows: rows a cell list names are not
+// where the hardware prefetcher looks (in a large model each row is its own 4 KiB page).
 constexpr size_t kAhead = 16;
 
 // The rows the thread reads after this partial (PartialJob::next): the bytes [lo, hi) of each
@@ -127,11 +126,11 @@ struct NextRows {
 };
 
 // For heads h0 .. h0 + H (one KV head): o_h[o0 .. o0 + 16 N) = the sum over keys t in index
-// order of w_h[t] * v_t[off .. off + 16 N). Asks for `ask` lines of the next rows per key.
+// order of w_h[t] * v_t[off .. off + 16 N).
 // LD: the score rows' stride when it is the usual one (kScoreRows), which leaves the eight
 // heads' weights one register and constant offsets away; 0: read it from `ld`.
 template <int N, int H, class E, size_t LD>
-inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size_t o0, NextRows& next, size_t ask) {
+inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size_t o0) {
   const size_t ld = LD > 0 ? LD : ld_;
   const size_t row_bytes = E::bytes(j.kv->row_stride);
   __m512 acc[H][N];
@@ -145,7 +144,6 @@ inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size
       // One request per cache line of the 16 N values.
       for (size_t b = 0; b < E::bytes(16 * N); b += 64) _mm_prefetch(reinterpret_cast<const char*>(pv) + b, _MM_HINT_T0);
     }
-    next.ask(ask);
     __m512 vv[N];
     for (int c = 0; c < N; ++c) vv[c] = E::load16(v, c);
     const float* wt = w + t;
@@ -246,6 +244,44 @@ template <int H, bool Shared>
   }
 }
 
+// Weights e^(s - m) in place for heads h .. h + G and their sums: the maximum over the real
+// keys (exact in any order), then sixteen lanes of partial sums in key order, added by one
+// fixed tree. Each head's operations are the same whatever G is.
+template <int G>
+[[gnu::always_inline]] inline void weights(const PartialJob& j, int h, size_t ld) {
+  const size_t full = j.count / 16 * 16;
+  const __mmask16 tail = __mmask16((1u << (j.count - full)) - 1);
+  float* s[G];
+  __m512 vm[G], vl[G];
+  for (int i = 0; i < G; ++i) {
+    s[i] = j.scores + size_t(h + i) * ld;
+    vm[i] = _mm512_set1_ps(-INFINITY);
+    vl[i] = _mm512_setzero_ps();
+  }
+  for (size_t t = 0; t < full; t += 16)
+    for (int i = 0; i < G; ++i) vm[i] = _mm512_max_ps(vm[i], _mm512_loadu_ps(s[i] + t));
+  for (int i = 0; i < G; ++i) {
+    if (tail) vm[i] = _mm512_mask_max_ps(vm[i], tail, vm[i], _mm512_loadu_ps(s[i] + full));
+    j.m[h + i] = hmax16(vm[i]);
+    vm[i] = _mm512_set1_ps(j.m[h + i]);
+  }
+  for (size_t t = 0; t < full; t += 16)
+    for (int i = 0; i < G; ++i) {
+      const __m512 w = exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s[i] + t), vm[i]));
+      _mm512_storeu_ps(s[i] + t, w);
+      vl[i] = _mm512_add_ps(vl[i], w);
+    }
+  for (int i = 0; i < G; ++i) {
+    if (tail) {
+      // Padding lanes get weight 0 (they are never summed into an output).
+      const __m512 w = _mm512_maskz_mov_ps(tail, exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s[i] + full), vm[i])));
+      _mm512_storeu_ps(s[i] + full, w);
+      vl[i] = _mm512_add_ps(vl[i], w);
+    }
+    j.l[h + i] = hsum16(vl[i]);
+  }
+}
+
 // Heads [h, h + 4) read one KV head.
 inline bool shares_kv4(const PartialJob& j, int h) {
   return j.head_off[h] == j.head_off[h + 3] && j.head_off[h] == j.head_off[h + 1] && j.head_off[h] == j.head_off[h + 2];
@@ -270,26 +306,28 @@ void partial(const PartialJob& j) {
   const auto* val_bytes = static_cast<const char*>(j.kv->v);
   const size_t row_bytes = E::bytes(j.kv->row_stride);
 
-  // Scores, block by block. Each head step asks for its share of the rows: the key rows of the
-  // block after next and the value rows of this block, a few at a time between the
-  // multiply-adds, as a burst of them stalls on the cache's miss buffers.
+  // The next partial's rows: a share asked for at each head step of the scores and each head of
+  // the softmax, so the memory is busy while they compute (the values pass keeps its registers
+  // for its own loop).
+  NextRows next{{key_bytes, val_bytes}, j.next_cells, j.next_count, row_bytes, lo_bytes, hi_bytes};
+  const size_t n_steps = (j.count + 15) / 16 * size_t(j.n_q / 4 + j.n_q % 4) + size_t(j.n_q);
+  const size_t quota = (next.total() + n_steps - 1) / n_steps;
+  // Scores, block by block. Each head step asks for its share of this block's value rows and
+  // of the next partial's rows, a few at a time between the multiply-adds, as a burst of them
+  // stalls on the cache's miss buffers. (The key rows are not asked for here: the partial
+  // before on this thread asked for them, and asking again cost 4% at 16K keys.)
   const int steps = j.n_q / 4 + j.n_q % 4;
   for (size_t t0 = 0; t0 < j.count; t0 += 16) {
     key_block<E>(j, t0, j.kv_off + lo, hi - lo, j.key_block);
     int step = 0;
     auto ask = [&] {
       const size_t u0 = 16 * size_t(step) / size_t(steps), u1 = 16 * size_t(step + 1) / size_t(steps);
-      for (size_t u = u0; u < u1; ++u) {
-        if (t0 + kAhead + u < j.count) {
-          const char* row = key_bytes + size_t(j.cells[t0 + kAhead + u]) * row_bytes;
-          for (size_t x = lo_bytes; x < hi_bytes; x += 64) _mm_prefetch(row + x, _MM_HINT_T0);
-        }
-        if (t0 + u < j.count) {
-          const char* row = val_bytes + size_t(j.cells[t0 + u]) * row_bytes;
-          for (size_t x = lo_bytes; x < hi_bytes; x += 64) _mm_prefetch(row + x, _MM_HINT_T1);
-        }
+      for (size_t u = u0; u < u1 && t0 + u < j.count; ++u) {
+        const char* row = val_bytes + size_t(j.cells[t0 + u]) * row_bytes;
+        for (size_t x = lo_bytes; x < hi_bytes; x += 64) _mm_prefetch(row + x, _MM_HINT_T1);
       }
       ++step;
+      next.ask(quota);
     };
     int h = 0;
     for (; h + 4 <= j.n_q; h += 4) {
@@ -303,43 +341,15 @@ void partial(const PartialJob& j) {
     }
   }
 
-  // The next partial's rows, asked for while the softmax and the values pass compute: spread
-  // over the values pass's key steps, the rest after it.
-  NextRows next{{key_bytes, val_bytes}, j.next_cells, j.next_count, row_bytes, lo_bytes, hi_bytes};
-  size_t passes = 0;  // value passes over the keys (see below)
-  for (int h = 0; h < j.n_q;) {
-    const int left = j.group - h % j.group;
-    const int take = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-    passes += size_t(take == 8 ? nd / 2 : take == 1 ? nd / 4 : nd / 4);
-    h += take;
+  // Weights e^(s - m) in place and their sum, four heads at a time (their chains interleave).
+  int h = 0;
+  for (; h + 4 <= j.n_q; h += 4) {
+    weights<4>(j, h, ld);
+    next.ask(4 * quota);
   }
-  const size_t ask = (next.total() + passes * j.count - 1) / (passes * j.count);
-
-  // Weights e^(s - m) in place and their sum: the maximum over the real keys (exact in any
-  // order), then sixteen lanes of partial sums in key order, added by one fixed tree.
-  const size_t full = j.count / 16 * 16;
-  const __mmask16 tail = __mmask16((1u << (j.count - full)) - 1);
-  for (int h = 0; h < j.n_q; ++h) {
-    float* s = j.scores + size_t(h) * ld;
-    __m512 vm = _mm512_set1_ps(-INFINITY);
-    for (size_t t = 0; t < full; t += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + t));
-    if (tail) vm = _mm512_mask_max_ps(vm, tail, vm, _mm512_loadu_ps(s + full));
-    const float m = hmax16(vm);
-    vm = _mm512_set1_ps(m);
-    __m512 vl = _mm512_setzero_ps();
-    for (size_t t = 0; t < full; t += 16) {
-      const __m512 w = exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + t), vm));
-      _mm512_storeu_ps(s + t, w);
-      vl = _mm512_add_ps(vl, w);
-    }
-    if (tail) {
-      // Padding lanes get weight 0 (they are never summed into an output).
-      const __m512 w = _mm512_maskz_mov_ps(tail, exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + full), vm)));
-      _mm512_storeu_ps(s + full, w);
-      vl = _mm512_add_ps(vl, w);
-    }
-    j.m[h] = m;
-    j.l[h] = hsum16(vl);
+  for (; h < j.n_q; ++h) {
+    weights<1>(j, h, ld);
+    next.ask(quota);
   }
 
   // Values: up to eight heads of one KV head at a time, their outputs in registers while the
@@ -349,16 +359,16 @@ void partial(const PartialJob& j) {
       const size_t off = j.kv_off + j.head_off[h];
       const int left = j.group - h % j.group;  // heads from h on that read this KV head
       if (left >= 8) {
-        for (int c = 0; c < nd; c += 2) accumulate<2, 8, E, LD>(j, h, ld, off + 16 * size_t(c), 16 * size_t(c), next, ask);
+        for (int c = 0; c < nd; c += 2) accumulate<2, 8, E, LD>(j, h, ld, off + 16 * size_t(c), 16 * size_t(c));
         h += 8;
       } else if (left >= 4) {
-        for (int c = 0; c < nd; c += 4) accumulate<4, 4, E, LD>(j, h, ld, off + 16 * size_t(c), 16 * size_t(c), next, ask);
+        for (int c = 0; c < nd; c += 4) accumulate<4, 4, E, LD>(j, h, ld, off + 16 * size_t(c), 16 * size_t(c));
         h += 4;
       } else if (left >= 2) {
-        for (int c = 0; c < nd; c += 4) accumulate<4, 2, E, LD>(j, h, ld, off + 16 * size_t(c), 16 * size_t(c), next, ask);
+        for (int c = 0; c < nd; c += 4) accumulate<4, 2, E, LD>(j, h, ld, off + 16 * size_t(c), 16 * size_t(c));
         h += 2;
       } else {
-        for (int c = 0; c < nd; c += 4) accumulate<4, 1, E, LD>(j, h, ld, off + 16 * size_t(c), 16 * size_t(c), next, ask);
+        for (int c = 0; c < nd; c += 4) accumulate<4, 1, E, LD>(j, h, ld, off + 16 * size_t(c), 16 * size_t(c));
         h += 1;
       }
     }
