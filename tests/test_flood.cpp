@@ -78,10 +78,11 @@ caf::actor spawn_collector(caf::actor_system& sys, std::shared_ptr<Answers> a) {
 
 }  // namespace
 
-// Measured on this 2-core VM (stories260K, 2048 KV cells). Before the caps: 97965 error lines
+// Measured on a 2-core VM (stories260K, 2048 KV cells). Before the caps: 97965 error lines
 // (one per failed run, "KV cache full"), RSS 17 MiB before, 109 MiB at the peak and still 109
-// MiB after, no refusals. With them: 3-5 lines, ~97k refusals (Errors), RSS 17 MiB before,
-// 20-29 at the peak, 18.5-21 after, and the node generates as before.
+// MiB after, no refusals. With them: 3-5 lines, ~97k refusals (Errors), RSS 17-23 MiB before,
+// 20-33 at the peak, 18.5-31 after (5-8 MiB above the start on a loaded Xeon, KV cache
+// included), the same after a second flood, and the node generates as before.
 TEST(StageFlood, HundredThousandRunsAreRefusedQuietlyAndTheNodeRecovers) {
   SPECMESH_REQUIRE_REFDATA();
   const std::string dir = test::private_tmpdir("specmesh-flood");
@@ -162,33 +163,41 @@ TEST(StageFlood, HundredThousandRunsAreRefusedQuietlyAndTheNodeRecovers) {
   const size_t lines_before = line_count(output);
   ASSERT_GT(baseline, 0);
 
-  // The flood: 100k valid decode runs, as fast as this process can send them.
+  // The flood: 100k valid decode runs, as fast as this process can send them, then the node
+  // settles: its last held-back lines, its heap trimmed. Returns the seconds it took to answer.
   constexpr uint64_t kFlood = 100000;
   long peak = baseline;
-  std::atomic<bool> sampling{true};
-  std::thread sampler([&] {
-    while (sampling) {
-      peak = std::max(peak, rss_kib(node));
-      std::this_thread::sleep_for(10ms);
+  auto flood = [&](uint64_t first_id, uint64_t answered_before) {
+    std::atomic<bool> sampling{true};
+    std::thread sampler([&] {
+      while (sampling) {
+        peak = std::max(peak, rss_kib(node));
+        std::this_thread::sleep_for(10ms);
+      }
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    for (uint64_t i = 0; i < kFlood; ++i) {
+      RunStart r;
+      r.pipeline = "target";
+      r.tokens = {int32_t(1 + i % 500)};
+      r.positions = {int32_t(6 + i % 256)};
+      r.seq_masks = {1};
+      r.logits = {1};
+      // As fast as the gateway takes them: it refuses more than its pending cap (64k) at once.
+      const Envelope env = make_envelope(first_id + i, std::move(r));
+      while (!gw.send("stage0", env)) std::this_thread::sleep_for(1ms);
     }
-  });
-  const auto t0 = std::chrono::steady_clock::now();
-  for (uint64_t i = 0; i < kFlood; ++i) {
-    RunStart r;
-    r.pipeline = "target";
-    r.tokens = {int32_t(1 + i % 500)};
-    r.positions = {int32_t(6 + i % 256)};
-    r.seq_masks = {1};
-    r.logits = {1};
-    // As fast as the gateway takes them: it refuses more than its pending cap (64k) at once.
-    const Envelope env = make_envelope(kFloodBase + i, std::move(r));
-    while (!gw.send("stage0", env)) std::this_thread::sleep_for(1ms);
-  }
-  const bool answered = test::wait_until([&] { return answers->flood_logits + answers->flood_errors >= kFlood; }, 30s);
-  const double flood_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::this_thread::sleep_for(2500ms);  // the node settles: its last held-back lines, its heap trimmed
-  sampling = false;
-  sampler.join();
+    const bool answered = test::wait_until(
+        [&] { return answers->flood_logits + answers->flood_errors >= answered_before + kFlood; }, 30s);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::this_thread::sleep_for(2500ms);
+    sampling = false;
+    sampler.join();
+    EXPECT_TRUE(answered) << "the node answered " << answers->flood_logits + answers->flood_errors - answered_before
+                          << " of " << kFlood << " runs within 30 s";
+    return seconds;
+  };
+  const double flood_s = flood(kFloodBase, 0);
   const long after = rss_kib(node), after_anon = rss_kib(node, "RssAnon:");
   const size_t flood_lines = line_count(output) - lines_before;
   std::printf("flood: %.1f s, %llu logits, %llu errors (%llu refusals), %zu log lines; RSS KiB baseline %ld peak %ld "
@@ -197,8 +206,6 @@ TEST(StageFlood, HundredThousandRunsAreRefusedQuietlyAndTheNodeRecovers) {
               (unsigned long long)answers->refusals.load(), flood_lines, baseline, peak, after, baseline_anon, after_anon,
               answers->first_refusal.c_str(), answers->first_other_error.c_str());
 
-  EXPECT_TRUE(answered) << "the node answered " << answers->flood_logits + answers->flood_errors << " of " << kFlood
-                        << " runs within 30 s";
   // Each run is answered once: logits, or an Error saying why not.
   EXPECT_EQ(answers->flood_logits + answers->flood_errors, kFlood);
   // Most runs are refused on arrival by the per-peer cap rather than queued; how many depends
@@ -209,17 +216,24 @@ TEST(StageFlood, HundredThousandRunsAreRefusedQuietlyAndTheNodeRecovers) {
   // for the gateway's), over the flood and the settling after it.
   EXPECT_LE(double(flood_lines), 4 * (flood_s + 2)) << test::read_file(output).substr(0, 4000);
   // The memory comes back: nothing of a refused run stays, queues that grew are released, the
-  // heap is trimmed. The 6 MiB margin is what a flood may leave that is not held work: code
-  // run for the first time (file-backed pages, ~0.3 MiB), and free memory at the top of the
-  // per-thread glibc arenas, which malloc_trim does not release and glibc keeps for reuse
-  // below its (dynamic) trim threshold: 1-2 MiB measured on an idle machine, up to 4 MiB
-  // while the rest of the suite runs. Before the caps the node kept ~90 MiB. On top of it, the
-  // KV cache the node allocated at start (zero pages until written) becomes resident as the
-  // flood fills every cell: memory the node holds by design, not work it kept.
+  // heap is trimmed. What a flood may leave that is not held work: code run for the first time
+  // (file-backed pages, ~0.3 MiB), free memory at the top of the per-thread glibc arenas, which
+  // malloc_trim does not release and glibc keeps for reuse below its (dynamic) trim threshold
+  // (1-2 MiB measured on an idle machine, 5-8 MiB on a loaded one), and the KV cache the node
+  // allocated at start (zero pages until written), resident once the flood fills every cell:
+  // memory the node holds by design. Before the caps the node kept ~90 MiB, so a 16 MiB bound
+  // still tells them apart; and a second flood must find what the first left and reuse it (a
+  // run, queue or buffer kept per refused run would grow with it).
   const auto model = Model::load(test::refdata("gguf-models/stories260K.gguf"));
   const long kv_kib = long(KvCache::bytes_needed(context_size(*model, 0), model->hparams().n_layer,
                                                  model->hparams().kv_dim()) / 1024);
-  EXPECT_LE(after, baseline + 6 * 1024 + kv_kib) << "baseline " << baseline << " KiB, peak " << peak << " KiB";
+  EXPECT_LE(after, baseline + 16 * 1024 + kv_kib) << "baseline " << baseline << " KiB, peak " << peak << " KiB";
+  flood(kFloodBase + kFlood, kFlood);
+  const long again = rss_kib(node);
+  std::printf("second flood: RSS KiB after %ld\n", again);
+  EXPECT_EQ(answers->flood_logits + answers->flood_errors, 2 * kFlood);
+  // Measured over six floods in a row: 28.4-31.1 MiB after each, no trend.
+  EXPECT_LE(again, after + 4 * 1024) << "after the first flood " << after << " KiB";
 
   // And the node serves on: the same tokens as before the flood.
   EXPECT_EQ(generate(8), before) << test::read_file(output).substr(0, 4000);

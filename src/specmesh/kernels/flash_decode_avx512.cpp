@@ -309,14 +309,15 @@ void partial(const PartialJob& j) {
   // The next partial's rows: a share asked for at each head step of the scores and each head of
   // the softmax, so the memory is busy while they compute (the values pass keeps its registers
   // for its own loop).
+  const int steps = j.n_q / 4 + j.n_q % 4;  // head steps per score block
+  const size_t asks = (j.count + 15) / 16 * size_t(steps) + size_t(j.n_q);
   NextRows next{{key_bytes, val_bytes}, j.next_cells, j.next_count, row_bytes, lo_bytes, hi_bytes};
-  const size_t n_steps = (j.count + 15) / 16 * size_t(j.n_q / 4 + j.n_q % 4) + size_t(j.n_q);
-  const size_t quota = (next.total() + n_steps - 1) / n_steps;
+  const size_t quota = (next.total() + asks - 1) / asks;
+
   // Scores, block by block. Each head step asks for its share of this block's value rows and
   // of the next partial's rows, a few at a time between the multiply-adds, as a burst of them
   // stalls on the cache's miss buffers. (The key rows are not asked for here: the partial
   // before on this thread asked for them, and asking again cost 4% at 16K keys.)
-  const int steps = j.n_q / 4 + j.n_q % 4;
   for (size_t t0 = 0; t0 < j.count; t0 += 16) {
     key_block<E>(j, t0, j.kv_off + lo, hi - lo, j.key_block);
     int step = 0;
