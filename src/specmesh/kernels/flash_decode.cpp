@@ -347,19 +347,28 @@ void flash_decode_rows(const float* q, const HeadShape& hs, float scale, const K
     for (size_t r = r0; r < r1; ++r) work += n[r];
     const bool threaded = use_pool(pool, work * size_t(H) * size_t(D));
     const float* qg = q + r0 * row_values;
-    run_each(items, threaded && items > 1, pool, [&](size_t i, size_t) {
+    // Item i's cells: [b, e) of `c`.
+    auto item_keys = [&](size_t i, const int32_t*& c, size_t& b, size_t& e) {
       if (i < shared) {
-        const size_t slot = i == 0 ? 0 : i + 2;
-        size_t b, e;
-        plan.slot_keys(slot, b, e);
-        flash_partial(qg, n_q, group, hs.n_head_kv, kv, 0, scale, cells[r0] + b, e - b, parts, slot, 0);
+        c = cells[r0];
+        plan.slot_keys(i == 0 ? 0 : i + 2, b, e);
+      } else {
+        c = cells[r0 + (i - shared)];
+        flash_plan(n[r0 + (i - shared)], layout).slot_keys(1, b, e);
+      }
+    };
+    run_each(items, threaded && items > 1, pool, [&](size_t i, size_t then) {
+      const int32_t *c, *nc = nullptr;
+      size_t b, e, nb = 0, ne = 0;
+      item_keys(i, c, b, e);
+      if (then != kNoSlot) item_keys(then, nc, nb, ne);
+      if (i < shared) {
+        flash_partial(qg, n_q, group, hs.n_head_kv, kv, 0, scale, c + b, e - b, parts, i == 0 ? 0 : i + 2, 0,
+                      nc + nb, ne - nb);
       } else {
         const size_t r = r0 + (i - shared);
-        const FlashPlan own = flash_plan(n[r], layout);
-        size_t b, e;
-        own.slot_keys(1, b, e);
-        flash_partial(q + r * row_values, H, group, hs.n_head_kv, kv, 0, scale, cells[r] + b, e - b, parts, 1,
-                      int(r - r0) * H);
+        flash_partial(q + r * row_values, H, group, hs.n_head_kv, kv, 0, scale, c + b, e - b, parts, 1,
+                      int(r - r0) * H, nc + nb, ne - nb);
       }
     });
     merge_spec(parts, 0, n_q, nullptr);
