@@ -181,6 +181,9 @@ TEST(Topology, ErrorsNameFileLineAndKey) {
   const std::string two = "[models.t]\npath = \"x\"\n[models.d]\npath = \"y\"\n[run]\nmodel = \"t\"\ndraft = \"d\"\n";
   EXPECT_EQ(err(two + "strategy = \"spec\"\n[run.params]\nn_draft = 0\n"),
             "t.toml:10: run.params.n_draft: parameter n_draft (int, 1..64, default 4): must be between 1 and 64, not 0");
+  // A whole number no integer type holds is named as written (found by the topology fuzzer).
+  EXPECT_EQ(err(two + "strategy = \"spec\"\n[run.params]\nn_draft = 1e308\n"),
+            "t.toml:10: run.params.n_draft: parameter n_draft (int, 1..64, default 4): must be between 1 and 64, not 1e+308");
   EXPECT_EQ(err(two + "strategy = \"spec\"\n[run.params]\nn_draft = 2.5\n"),
             "t.toml:10: run.params.n_draft: parameter n_draft (int, 1..64, default 4): expected an integer");
   EXPECT_EQ(err(two + "strategy = \"spec\"\n[run.params]\np_accept = nan\n"),

@@ -35,7 +35,9 @@ const std::vector<int>& StrategyParams::list(const std::string& name) const { re
 namespace {
 std::string format_number(ParamType t, double v) {
   if (t == ParamType::Bool) return v != 0 ? "true" : "false";
-  if (t == ParamType::Int || t == ParamType::IntList) return std::to_string(int64_t(v));
+  // Whole numbers as integers; one no int64_t holds (a checked value out of range, 1e308) as
+  // the double it is.
+  if ((t == ParamType::Int || t == ParamType::IntList) && std::fabs(v) < 9.2e18) return std::to_string(int64_t(v));
   // The shortest text that reads back as the same double ("0.1", not "0.10000000000000001"),
   // so a value passed on to another process's command line arrives unchanged.
   char buf[32];
