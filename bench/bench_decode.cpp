@@ -92,20 +92,18 @@ struct Sample {
 double read_bandwidth(ThreadPool& pool, size_t bytes, int reps = 5) {
   static std::vector<uint64_t> buf;
   if (buf.size() * 8 < bytes) buf.assign(bytes / 8, 1);
-  const size_t n = bytes / 8;
+  // Each thread's share: a multiple of the 32 words read_sum takes at a time.
+  const size_t per = bytes / 8 / size_t(pool.size()) / 32 * 32;
   double best = 0;
   std::vector<uint64_t> partial(pool.size() * 8);  // a cache line per thread
   for (int rep = 0; rep < reps; ++rep) {
     auto t0 = Clock::now();
-    pool.run([&](int ith, int nth) {
-      const size_t per = n / nth / 32 * 32, b = per * ith, e = b + per;
-      partial[ith * 8] = bench::read_sum(buf.data(), b, e);
-    });
+    pool.run([&](int ith, int) { partial[ith * 8] = bench::read_sum(buf.data(), per * ith, per * (ith + 1)); });
     const double sec = seconds_since(t0);
     uint64_t check = 0;
     for (uint64_t p : partial) check += p;
     if (check == 0) std::fprintf(stderr, "impossible\n");  // keeps the loads alive
-    best = std::max(best, double(n / size_t(pool.size()) / 32 * 32 * pool.size()) * 8.0 / sec / 1e9);
+    best = std::max(best, double(per * size_t(pool.size())) * 8.0 / sec / 1e9);
   }
   return best;
 }

@@ -72,10 +72,7 @@ struct WidenedRows {
 };
 
 detail::PartialJob widened(const detail::PartialJob& j, WidenedRows& buf) {
-  size_t lo = j.head_off[0], hi = j.head_off[0];
-  for (int h = 1; h < j.n_q; ++h) lo = std::min(lo, j.head_off[h]), hi = std::max(hi, j.head_off[h]);
-  hi += size_t(j.head_dim);
-  const size_t width = hi - lo;
+  const size_t lo = j.span_lo, width = j.span_hi - j.span_lo;
   buf.k.resize(j.count * width);
   buf.v.resize(j.count * width);
   buf.cells.resize(j.count);
@@ -95,6 +92,8 @@ detail::PartialJob widened(const detail::PartialJob& j, WidenedRows& buf) {
   buf.head_off.assign(j.head_off, j.head_off + j.n_q);
   for (size_t& off : buf.head_off) off -= lo;
   w.head_off = buf.head_off.data();
+  w.span_lo = 0;
+  w.span_hi = width;
   w.cells = buf.cells.data();
   w.next_count = 0;  // the next cells name rows of the stored cache, not of buf
   return w;
@@ -175,12 +174,12 @@ void decode_heads(const float* q, int n_q, int group, const KvRows& kv, size_t k
   FlashPartials& parts = tls_parts;
   parts.reset(plan.n_slots(), n_q, D);
   const bool threaded = use_pool(pool, n * size_t(n_q) * size_t(D));
-  // Slot `slot`, then (on this thread) slot `then`, if any.
-  auto compute = [&](size_t slot, size_t then) {
+  // Item i of a sweep computes slot slot_of(i); `then` is the item its thread computes next.
+  auto compute = [&](auto slot_of, size_t i, size_t then) {
     size_t b, e, nb = 0, ne = 0;
-    plan.slot_keys(slot, b, e);
-    if (then != kNoSlot) plan.slot_keys(then, nb, ne);
-    flash_partial(q, n_q, group, n_q / group, kv, kv_off, scale, cells + b, e - b, parts, slot, 0, cells + nb,
+    plan.slot_keys(slot_of(i), b, e);
+    if (then != kNoSlot) plan.slot_keys(slot_of(then), nb, ne);
+    flash_partial(q, n_q, group, n_q / group, kv, kv_off, scale, cells + b, e - b, parts, slot_of(i), 0, cells + nb,
                   ne - nb);
   };
 
@@ -189,16 +188,15 @@ void decode_heads(const float* q, int n_q, int group, const KvRows& kv, size_t k
   // otherwise all slots go in one parallel sweep (one pool wake-up).
   const size_t middle = plan.n_slots() - 3;
   if (spec_ready) {
-    run_each(2, threaded, pool, [&](size_t i, size_t then) { compute(i, then); });
+    run_each(2, threaded, pool, [&](size_t i, size_t then) { compute([](size_t x) { return x; }, i, then); });
     merge_spec(parts, 0, n_q, spec);
     spec_ready();
     run_each(middle, threaded && middle > 1, pool,
-             [&](size_t i, size_t then) { compute(i + 3, then == kNoSlot ? kNoSlot : then + 3); });
+             [&](size_t i, size_t then) { compute([](size_t x) { return x + 3; }, i, then); });
   } else {
     const size_t computed = plan.n_slots() - 1;
-    auto slot = [](size_t i) { return i < 2 ? i : i + 1; };
     run_each(computed, threaded && computed > 1, pool,
-             [&](size_t i, size_t then) { compute(slot(i), then == kNoSlot ? kNoSlot : slot(then)); });
+             [&](size_t i, size_t then) { compute([](size_t x) { return x < 2 ? x : x + 1; }, i, then); });
     merge_spec(parts, 0, n_q, spec);
   }
   // The merge is a few percent of the work; a second pool wake-up costs more under load.
@@ -270,10 +268,12 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
   head_off.resize(size_t(n_q));
   for (int h = 0; h < n_q; ++h) head_off[size_t(h)] = size_t((h / group) % n_kv) * size_t(D);
   const auto [lo, hi] = std::minmax_element(head_off.begin(), head_off.end());
+  const size_t span_lo = *lo, span_hi = *hi + size_t(D);
   // The key block holds 16 keys' span of the heads' rows.
-  const detail::PartialJob job{q, n_q, group, &kv, kv_off + kv.offset, head_off.data(), D, scale, cells, count, o, m, l,
+  const detail::PartialJob job{q, n_q, group, &kv, kv_off + kv.offset, head_off.data(), span_lo, span_hi, D, scale,
+                               cells, count, o, m, l,
                                scratch(scores, size_t(n_q) * detail::score_stride(count)),
-                               scratch(key_block, 16 * (*hi - *lo + size_t(D))), next, next_count};
+                               scratch(key_block, 16 * (span_hi - span_lo)), next, next_count};
   thread_local WidenedRows wide;
 #ifdef SPECMESH_HAVE_AVX2_TU
   // The SIMD kernels read F32 and F16 in place; the AVX-512 one also Q8_0 when each head's

@@ -151,6 +151,7 @@ struct PartialJob {
   const KvRows* kv;
   size_t kv_off;  // values into each row, kv->offset included
   const size_t* head_off;  // per query head: kv_off-relative offset of its KV head in a row
+  size_t span_lo, span_hi;  // the values of a row the heads read: [span_lo, span_hi) after kv_off
   int head_dim;
   float scale;
   const int32_t* cells;

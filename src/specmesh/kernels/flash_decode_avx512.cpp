@@ -295,12 +295,7 @@ void partial(const PartialJob& j) {
   const size_t ld = score_stride(j.count);
 
   // The part of a row this job reads: values [lo, hi) after kv_off.
-  size_t lo = j.head_off[0], hi = j.head_off[0];
-  for (int h = 1; h < j.n_q; ++h) {
-    lo = j.head_off[h] < lo ? j.head_off[h] : lo;
-    hi = j.head_off[h] > hi ? j.head_off[h] : hi;
-  }
-  hi += size_t(D);
+  const size_t lo = j.span_lo, hi = j.span_hi;
   const size_t lo_bytes = E::bytes(lo + j.kv_off), hi_bytes = E::bytes(hi + j.kv_off);
   const auto* key_bytes = static_cast<const char*>(j.kv->k);
   const auto* val_bytes = static_cast<const char*>(j.kv->v);
