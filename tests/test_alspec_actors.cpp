@@ -93,11 +93,14 @@ std::vector<int32_t> sequential_pair(const std::string& path, float lambda) {
 
 // Head node plus one node per group; "inproc" keeps them in this process, "ipc" spawns the
 // two groups as node processes.
+// "inproc-one-node": both groups on one node, whose syncs go from device thread to device
+// thread without the router (alspec_stage's LocalGroups).
 std::string topology(const std::string& model, const std::string& transport, const std::string& params, int n_ctx = 0) {
+  const bool one_node = transport == "inproc-one-node";
   static std::atomic<int> n{0};
   const int id = n++;
   auto ep = [&](const std::string& node) {
-    if (transport == "inproc") return "inproc://alspec-" + std::to_string(::getpid()) + "-" + std::to_string(id) + "-" + node;
+    if (transport.starts_with("inproc")) return "inproc://alspec-" + std::to_string(::getpid()) + "-" + std::to_string(id) + "-" + node;
     return "ipc://" + tmpdir() + "/" + std::to_string(id) + "-" + node + ".ipc";
   };
   const std::string path = tmpdir() + "/alspec-" + std::to_string(id) + ".toml";
@@ -106,14 +109,15 @@ std::string topology(const std::string& model, const std::string& transport, con
     << "[run.params]\nwindow = " << kWindow << "\n" << params << "\n"
     << "[run.roles]\nreceiver = \"m\"\n[models.m]\npath = \"" << model << "\"\n"
     << "[nodes.head]\nendpoint = \"" << ep("head") << "\"\nhead = true\n"
-    << "[nodes.a]\nendpoint = \"" << ep("a") << "\"\n[nodes.b]\nendpoint = \"" << ep("b") << "\"\n"
-    << "[devices.ga]\nnode = \"a\"\n[devices.gb]\nnode = \"b\"\n"
+    << "[nodes.a]\nendpoint = \"" << ep("a") << "\"\n"
+    << (one_node ? "" : "[nodes.b]\nendpoint = \"" + ep("b") + "\"\n")
+    << "[devices.ga]\nnode = \"a\"\n[devices.gb]\nnode = \"" << (one_node ? "a" : "b") << "\"\n"
     << "[[stages]]\nrole = \"target\"\ndevice = \"ga\"\nfraction = 1.0\n"
     << "[[stages]]\nrole = \"receiver\"\ndevice = \"gb\"\nfraction = 1.0\n";
   return path;
 }
 
-RuntimeOptions opts(const std::string& transport) { return node_options(transport != "inproc"); }
+RuntimeOptions opts(const std::string& transport) { return node_options(!transport.starts_with("inproc")); }
 
 GenerationResult run(Runtime& rt) {
   return rt.generate({.prompt = kPrompt, .n_predict = kPredict, .sampling = SamplingParams{}, .ignore_eos = true});
@@ -137,8 +141,10 @@ void expect_exact(const std::string& transport, const std::string& params) {
 
 TEST(AlspecActors, LambdaZeroAndForcedMissEqualPlainDecodingInProcess) {
   SPECMESH_REQUIRE_REFDATA();
-  expect_exact("inproc", "lambda = 0.0");
-  expect_exact("inproc", "lambda = 10.0\nforce_miss = true");
+  for (const std::string transport : {"inproc", "inproc-one-node"}) {
+    expect_exact(transport, "lambda = 0.0");
+    expect_exact(transport, "lambda = 10.0\nforce_miss = true");
+  }
 }
 
 TEST(AlspecActors, LambdaZeroAndForcedMissEqualPlainDecodingOverTwoProcesses) {
@@ -170,17 +176,19 @@ TEST(AlspecActors, ContextShiftGoesOnAsPlainDecodingDoes) {
 TEST(AlspecActors, AcceptedSpeculationsFollowTheSequentialPair) {
   SPECMESH_REQUIRE_REFDATA();
   for (const std::string& model : all_models()) {
-    auto rt = Runtime::open(topology(model, "inproc", "lambda = 10.0"), opts("inproc"));
-    GenerationResult r = run(*rt);
-    ASSERT_TRUE(r.ok()) << r.error;
-    EXPECT_EQ(r.ids, sequential_pair(model, 10.0f)) << model;
-    // Steps over fewer than 2S keys are exact and always accepted; more hits than those
-    // means real speculations were taken.
-    const int n_layer = Model::load(model)->hparams().n_layer;
-    const int64_t exact_steps = std::max<int64_t>(0, 2 * kWindow - 1 - int64_t(r.prompt_ids.size()));
-    EXPECT_GT(r.metrics.attention_hits, exact_steps * n_layer) << model;
-    ASSERT_FALSE(r.metrics.layer_hit_rates.empty());
-    for (double h : r.metrics.layer_hit_rates) EXPECT_TRUE(h >= 0 && h <= 1);
+    for (const std::string transport : {"inproc", "inproc-one-node"}) {
+      auto rt = Runtime::open(topology(model, transport, "lambda = 10.0"), opts(transport));
+      GenerationResult r = run(*rt);
+      ASSERT_TRUE(r.ok()) << r.error;
+      EXPECT_EQ(r.ids, sequential_pair(model, 10.0f)) << model << " (" << transport << ")";
+      // Steps over fewer than 2S keys are exact and always accepted; more hits than those
+      // means real speculations were taken.
+      const int n_layer = Model::load(model)->hparams().n_layer;
+      const int64_t exact_steps = std::max<int64_t>(0, 2 * kWindow - 1 - int64_t(r.prompt_ids.size()));
+      EXPECT_GT(r.metrics.attention_hits, exact_steps * n_layer) << model;
+      ASSERT_FALSE(r.metrics.layer_hit_rates.empty());
+      for (double h : r.metrics.layer_hit_rates) EXPECT_TRUE(h >= 0 && h <= 1);
+    }
   }
 }
 

@@ -73,13 +73,51 @@ struct Group {
   std::shared_ptr<StageStats> stats;
 };
 
+// The groups of one node, by pipeline. Two groups on one node (one Router) put their syncs
+// straight into each other's inbox: a message from one device thread to the other, instead of
+// the two actor hops it takes through the router (the node's dispatcher, then the partner's
+// stage actor), each a thread wake-up. On the 2 shared cores of the development machine that
+// cut the per-layer sync from about 190 us to about 40 us (bench_alspec --cpu). Groups on
+// other nodes, in this process or not, go through the router as before.
+class LocalGroups {
+ public:
+  void add(const Router* node, const std::string& pipeline, const std::shared_ptr<Group>& g) {
+    std::lock_guard<std::mutex> lk(mu_);
+    groups_[{node, pipeline}] = g;
+  }
+  // Only `g`'s own entry: a group added later under the same name stays.
+  void remove(const Router* node, const std::string& pipeline, const Group* g) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = groups_.find({node, pipeline});
+    if (it == groups_.end()) return;
+    const std::shared_ptr<Group> there = it->second.lock();
+    if (!there || there.get() == g) groups_.erase(it);
+  }
+  std::shared_ptr<Group> find(const Router* node, const std::string& pipeline) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = groups_.find({node, pipeline});
+    return it == groups_.end() ? nullptr : it->second.lock();
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::pair<const Router*, std::string>, std::weak_ptr<Group>> groups_;
+};
+
+LocalGroups& local_groups() {
+  static LocalGroups groups;
+  return groups;
+}
+
 struct PairState {
   std::shared_ptr<Group> g;
   RunAdmission admission;
   int n_cells = 0;
   bool settle_scheduled = false;
   ~PairState() {
-    if (g) g->stopping = true;
+    if (!g) return;
+    g->stopping = true;
+    local_groups().remove(g->cfg.stage.router.get(), g->cfg.stage.pipeline, g.get());
   }
 };
 
@@ -141,8 +179,11 @@ void step(Group& g, uint64_t run, const Batch& batch) {
     hw.pace(t0, hw.modelled_seconds(c));
   };
   auto give_up = [&] { return g.stopping || g.cancelled.contains(run); };
+  const std::shared_ptr<Group> local_peer =
+      g.cfg.peer_node == sc.self_node ? local_groups().find(sc.router.get(), g.cfg.peer_pipeline) : nullptr;
   auto send = [&](SyncKind kind, int layer, std::vector<Tensor> tensors) {
     AttentionSync s{g.cfg.peer_pipeline, kind, layer, pos, dev.gate().priority(), std::move(tensors), 0};
+    if (local_peer) return local_peer->inbox.put(run, std::move(s));
     sc.router->send(g.cfg.peer_node, make_envelope(run, std::move(s)));
   };
   // The all-gather; returns the partner's priority. After a hand-off half of it is known
@@ -325,6 +366,7 @@ caf::actor spawn_alspec_stage(caf::actor_system& sys, AlspecStageConfig cfg, std
   cp.attention_layout = g->cfg.settings.spec.layout;
   g->ctx = std::make_shared<Context>(*g->cfg.stage.model, cp, &g->cfg.stage.device_state->pool());
   g->dev = std::make_unique<AlspecDevice>(*g->ctx, g->cfg.self, g->cfg.settings.spec);
+  local_groups().add(g->cfg.stage.router.get(), g->cfg.stage.pipeline, g);
   return sys.spawn([g, admission](caf::stateful_actor<PairState>* self) -> caf::behavior {
     auto& ps = self->state;
     ps.g = g;
