@@ -40,6 +40,7 @@ struct Options {
   std::vector<std::string> only;
   int n_parallel = 1;
   double p_split = 0.8;
+  bool adaptive = false;
   std::string drafter = std::string(SPECMESH_SOURCE_DIR) + "/models/dflash-stories-target-1M";
 };
 
@@ -142,6 +143,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 8))->capture_default_str();
   app.add_option("--p-split", o.p_split, "with --n-parallel: the probability a candidate needs to become a branch")
       ->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app.add_flag("--adaptive", o.adaptive, "also run every strategy that takes `adaptive` in that mode, from the same settings");
   app.add_option("--pairs", o.pairs, "only these target/draft pairs (e.g. stories-target-1M/stories260K-draft-tiny)")->delimiter(',');
   app.add_option("--only", o.only, "only these strategies (and plain decoding, the reference), e.g. pipeinfer")->delimiter(',');
   app.add_flag("--tune", o.tune, "also run spec and pipeinfer at the registry's defaults and at their best point of a small grid")
@@ -212,6 +214,11 @@ int main(int argc, char** argv) {
     if (fits && s.param("async")) runs.push_back({&s, s.name + "-async", "", false, false, {{"async", 1}}});
     if (fits && o.n_parallel > 1 && s.param("n_parallel"))
       runs.push_back({&s, s.name + "-np" + std::to_string(o.n_parallel), "", true});
+    if (fits && o.adaptive && s.param("adaptive")) {
+      runs.push_back({&s, s.name + "-adaptive", "", false, false, {{"adaptive", 1}}});
+      if (o.n_parallel > 1 && s.param("n_parallel"))
+        runs.push_back({&s, s.name + "-np" + std::to_string(o.n_parallel) + "-adaptive", "", true, false, {{"adaptive", 1}}});
+    }
   }
   for (const auto& [target, draft] : pairs) {
     const int n_layer = layers.at(target);

@@ -134,6 +134,8 @@ TEST(Lossless, PipeInferSingleProcessWithAndWithoutCancellation) {
   SPECMESH_REQUIRE_REFDATA();
   expect_lossless("pipeinfer", "inproc", 3, "cancel = 1");
   expect_lossless("pipeinfer", "inproc", 3, "cancel = 0\np_accept = 0.2");
+  expect_lossless("pipeinfer", "inproc", 3, "adaptive = true");
+  expect_lossless("pipeinfer", "inproc", 2, "adaptive = true\nn_parallel = 3\np_split = 0.05");
 }
 
 TEST(Lossless, PipeInferTreesInProcessAndOverThreeProcesses) {
@@ -148,6 +150,7 @@ TEST(Lossless, SpecAndPipeInferOverThreeProcesses) {
   expect_lossless("spec", "ipc", 3, "n_draft = 4");
   expect_lossless("pipeinfer", "ipc", 3, "cancel = 1");
   expect_lossless("pipeinfer", "ipc", 3, "cancel = 0");
+  expect_lossless("pipeinfer", "ipc", 3, "adaptive = true");
 }
 
 // `draft = "m"` with `model = "m"`: one model entry serves both roles, each with a pipeline

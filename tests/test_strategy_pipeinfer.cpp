@@ -458,9 +458,13 @@ TEST(StrategyPipeInfer, PipeInferMatchesGreedyAndKeepsItsInvariantsInAnyDelivery
     // runner-up (the target's token where the top one is wrong) often clears p_split.
     const int n_parallel = 1 + trial % 3;
     const float p_split = 0.05f * float(rng() % 4);
+    // Half the trials in adaptive mode, whose micro-batch and cutoff follow the (real-clock)
+    // latencies of this host: whatever it chooses, the invariants hold.
+    const bool adaptive = trial % 8 >= 4;
     SCOPED_TRACE("trial " + std::to_string(trial) + ": cancel " + std::to_string(cancel) + ", too late " +
                  std::to_string(too_late) + ", max_micro_batch " + std::to_string(mb) + ", max_runs " +
-                 std::to_string(max_runs) + ", n_parallel " + std::to_string(n_parallel));
+                 std::to_string(max_runs) + ", n_parallel " + std::to_string(n_parallel) + ", adaptive " +
+                 std::to_string(adaptive));
     const NextToken top = disagree_at(kTarget, wrong, kVocab);
     FakeHost h = make_host(n_parallel == 1 ? greedy_oracle(kVocab, top, conf) : two_peaks(top, conf, 0.8f * (1 - conf)), n,
                            too_late);
@@ -471,7 +475,7 @@ TEST(StrategyPipeInfer, PipeInferMatchesGreedyAndKeepsItsInvariantsInAnyDelivery
                                 : trial % 5 == 2 ? FakeHost::shuffled(rng())
                                                  : FakeHost::favour(kDraft, trial % 5 == 3 ? 0.8 : 0.95, rng());
     h.start("pipeinfer", {{"max_micro_batch", mb}, {"max_runs", max_runs}, {"cancel", cancel}, {"n_parallel", n_parallel},
-                          {"p_split", p_split}});
+                          {"p_split", p_split}, {"adaptive", adaptive}});
     bool ok = true;
     h.run_to_end(pick, [&] {
       if (!ok || h.done()) return;

@@ -77,7 +77,7 @@ struct Group {
 // straight into each other's inbox: a message from one device thread to the other, instead of
 // the two actor hops it takes through the router (the node's dispatcher, then the partner's
 // stage actor), each a thread wake-up. On the 2 shared cores of the development machine that
-// cut the per-layer sync from about 190 us to about 40 us (bench_alspec --cpu). Groups on
+// cut the per-layer sync from about 190 us to about 140 us (bench_alspec --cpu). Groups on
 // other nodes, in this process or not, go through the router as before.
 class LocalGroups {
  public:

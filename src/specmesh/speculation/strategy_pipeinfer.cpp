@@ -48,9 +48,11 @@
 // only where a row's path carries the sampled token). The accepted rows' cells become
 // canonical by a range copy; branches that disagree with the accepted tokens are freed.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <deque>
 
+#include "specmesh/speculation/pipeinfer_tuner.hpp"
 #include "specmesh/speculation/pipeline_ops.hpp"
 #include "specmesh/speculation/registry.hpp"
 
@@ -101,13 +103,21 @@ struct Row {
   std::vector<int32_t> path;
   // The branches the row was launched for, with their sequences (none: a non-speculative run).
   std::vector<std::pair<uint64_t, int>> owners;
+  float conf = 1;  // the draft's probability of the row's token (adaptive mode's calibration)
 };
+
+using Clock = std::chrono::steady_clock;
+
+// The largest micro-batch adaptive mode chooses (the largest max_micro_batch takes).
+constexpr int kAdaptiveMaxMicroBatch = 16;
 
 struct RunInfo {
   uint64_t id = 0;
   bool speculative = false;
   int32_t from = 0;
   std::vector<Row> rows;
+  Clock::time_point launched{};  // for adaptive mode's latency figures
+  int in_flight = 1;             // runs in flight once it was launched
 };
 
 class PipeInfer final : public Strategy {
@@ -151,6 +161,8 @@ class PipeInfer final : public Strategy {
     RunInfo r = std::move(*it);
     inflight_.erase(it);
     burst_ = 0;
+    if (adaptive_)
+      tuner_.target_run(int(r.rows.size()), std::chrono::duration<double>(Clock::now() - r.launched).count(), r.in_flight);
     if (!verify(r, l)) return;  // generation over
     prune();
     settle();
@@ -192,6 +204,8 @@ class PipeInfer final : public Strategy {
     r.id = id;
     r.from = accepted();
     r.rows.push_back({accepted() - 1, {}, {}});
+    r.launched = Clock::now();
+    r.in_flight = int(inflight_.size()) + 1;
     return r;
   }
 
@@ -249,6 +263,17 @@ class PipeInfer final : public Strategy {
       }
     }
     SpecMetrics& mt = c_.metrics();
+    if (r.speculative && adaptive_) {
+      // A row's token was tested when the tokens before it on its path were accepted.
+      const auto& A = c_.tokens();
+      for (const Row& row : r.rows) {
+        if (row.pos >= accepted() || row.path.empty()) continue;
+        bool tested = true;
+        for (size_t k = 0; k + 1 < row.path.size() && tested; ++k) tested = A[size_t(r.from) + k] == row.path[k];
+        if (tested) tuner_.verdict(row.conf, A[size_t(row.pos)] == row.path.back());
+      }
+      cut_ = tuner_.cutoff();
+    }
     if (r.speculative) {
       mt.drafted += int64_t(r.rows.size());
       mt.verified(matched);
@@ -256,7 +281,7 @@ class PipeInfer final : public Strategy {
       // the artifact's n_reject returns to 0 on any accepted token). Off by default: on the
       // emulated cluster it costs pipeinfer@best 7-13 % (README), since a cutoff back at
       // p_accept also raises the branch threshold and shortens micro-batches again.
-      if (matched > 0 && decay_reset_) cut_ = p_accept_;
+      if (matched > 0 && decay_reset_) cut_ = base_cutoff();
     }
     if (gained == 0) ++mt.runs_wasted;
     if (c_.done()) return false;
@@ -370,8 +395,8 @@ class PipeInfer final : public Strategy {
     // Near the end of the context every branch may be launched to its last position.
     const bool more =
         std::any_of(branches_.begin(), branches_.end(), [&](const Branch& b) { return pending(b) > 0 || wants_more(b); });
-    if (more && int(inflight_.size()) < max_runs_ && main.launched - accepted() < max_runs_ * max_micro_batch_ &&
-        tokens < size_t(max_runs_) * size_t(max_micro_batch_))
+    if (more && int(inflight_.size()) < max_runs_ && main.launched - accepted() < max_runs_ * micro() &&
+        tokens < size_t(max_runs_) * size_t(micro()))
       start_round();
   }
 
@@ -390,7 +415,7 @@ class PipeInfer final : public Strategy {
   // The tokens a branch may add to one run: max_micro_batch, or twice that for an
   // alternative still behind the main branch's frontier, so that it catches up.
   int32_t room(const Branch& b) const {
-    return b.path.size() < branches_.front().path.size() ? 2 * max_micro_batch_ : max_micro_batch_;
+    return b.path.size() < branches_.front().path.size() ? 2 * micro() : micro();
   }
   // Whether the draft should extend a branch: it has room in this run, and its next token's
   // position is inside the context (runs never go past it; the host shifts or ends there).
@@ -432,11 +457,13 @@ class PipeInfer final : public Strategy {
     }
     if (!ops.empty()) c_.kv_ops(draft(), std::move(ops));
     awaited_run_ = c_.launch(draft(), batch, false);
+    draft_launched_ = Clock::now();
   }
 
   void on_draft(uint64_t run, const Logits& l) {
     if (run != awaited_run_) return;
     awaited_run_ = 0;
+    if (adaptive_) tuner_.draft_step(std::chrono::duration<double>(Clock::now() - draft_launched_).count());
     const int V = c_.vocab();
     const std::vector<float> rows = rows_of(l, step_.size(), V, run);
     for (size_t k = 0; k < step_.size(); ++k) {
@@ -522,7 +549,7 @@ class PipeInfer final : public Strategy {
   // the draft's frontier count too: when the target passes an alternative, its slot goes to
   // the likeliest doubt still ahead, which the draft then extends.
   void branch_off() {
-    const float threshold = p_split_ + (cutoff() - p_accept_);
+    const float threshold = p_split_ + (cutoff() - base_cutoff());
     for (;;) {
       if (branches_.empty()) return;
       const Branch& m = branches_.front();
@@ -579,6 +606,10 @@ class PipeInfer final : public Strategy {
   // The draft confidence a token needs: the base cutoff plus the recovery factor for every
   // speculative run already launched since the last target result.
   float cutoff() const { return std::min(0.99f, cut_ + p_recovery_ * burst_); }
+  // The cutoff's base (decay moves below it, bursts above): p_accept, or in adaptive mode the
+  // tuner's. Likewise the micro-batch: max_micro_batch, or the tuner's choice up to it.
+  float base_cutoff() const { return adaptive_ ? tuner_.cutoff() : p_accept_; }
+  int micro() const { return adaptive_ ? tuner_.micro_batch() : max_micro_batch_; }
 
   // Launches every branch's pending tokens as one run, a row shared by branches once.
   void launch_speculative() {
@@ -598,11 +629,13 @@ class PipeInfer final : public Strategy {
           continue;
         }
         batch.add(b.path[size_t(pos)], pos, seq_bit(b.seq), true);
-        r.rows.push_back({pos, std::move(path), {{b.id, b.seq}}});
+        r.rows.push_back({pos, std::move(path), {{b.id, b.seq}}, size_t(pos) < b.prob.size() ? b.prob[size_t(pos)] : 1.0f});
       }
     }
     if (r.rows.empty()) return;
     r.id = c_.launch(target(), batch, true);
+    r.launched = Clock::now();
+    r.in_flight = int(inflight_.size()) + 1;
     inflight_.push_back(std::move(r));
     ++burst_;  // each further run in this burst needs more confidence (cutoff())
   }
@@ -617,6 +650,11 @@ class PipeInfer final : public Strategy {
   const bool decay_reset_ = c_.params().flag("decay_reset");
   const int n_parallel_ = c_.params().integer("n_parallel");
   const float p_split_ = c_.params().real("p_split");
+  const bool adaptive_ = c_.params().flag("adaptive");
+  // Adaptive mode starts from the static values (max_micro_batch, p_accept) until it has
+  // measured enough to choose; it chooses micro-batches up to kAdaptiveMaxMicroBatch.
+  PipeInferTuner tuner_{kAdaptiveMaxMicroBatch, max_micro_batch_, p_accept_};
+  Clock::time_point draft_launched_{};
   std::deque<RunInfo> inflight_;
   std::deque<int> free_;
   std::vector<Branch> branches_;  // the main branch first
@@ -661,6 +699,7 @@ StrategyInfo strategy_info_pipeinfer() {
       {"cancel", ParamType::Bool, 0, 1, 1, "cancel invalid and superfluous runs early", {"--no-cancel"}},
       {"n_parallel", ParamType::Int, 1, 8, 1, "most speculative branches alive at once (1: a chain; the artifact's -np, its parallel drafting sequences)", {"--n-parallel", "--np"}},
       {"p_split", ParamType::Float, 0, 1, 0.8, "draft probability (plus the cutoff's adjustment) a non-top candidate needs to become a branch", {"--p-split", "--ps"}},
+      {"adaptive", ParamType::Bool, 0, 1, 0, "choose the micro-batch (1 to 16; max_micro_batch is where it starts) and the base cutoff online from measured acceptance and run latencies (beyond the paper; speculation/pipeinfer_tuner.hpp)", {"--adaptive"}},
   };
   s.make = [](StrategyHost& h) { return std::make_unique<PipeInfer>(h); };
   // The canonical sequence 0 and branches 1 .. n_parallel + 1.
@@ -669,7 +708,8 @@ StrategyInfo strategy_info_pipeinfer() {
   // positions is placed). Each branch beside the first may hold, at positions the others hold
   // too, the rows of every run in flight, max_micro_batch each.
   s.spare_cells = [](const StrategyParams& p, const std::set<std::string>&) {
-    return (p.integer("n_parallel") - 1) * p.integer("max_runs") * p.integer("max_micro_batch");
+    const int micro = p.flag("adaptive") ? kAdaptiveMaxMicroBatch : p.integer("max_micro_batch");
+    return (p.integer("n_parallel") - 1) * p.integer("max_runs") * micro;
   };
   return s;
 }
