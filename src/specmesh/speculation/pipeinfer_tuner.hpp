@@ -2,7 +2,8 @@
 // cutoff chosen online from what the head measures, instead of fixed parameters.
 //
 // Measured, each with exponential forgetting so that the choice follows the text:
-//   - alpha: the share of drafted tokens that reached verification and were accepted;
+//   - alpha: the share of drafted tokens the target accepted, among those it tested (every
+//     token before them on their path accepted);
 //   - per confidence bin (tenths of the draft's top probability), the same share;
 //   - a target run's latency from launch to logits, fitted as a + b * rows;
 //   - a draft step's latency (the draft proposes one token per step per branch).
@@ -33,7 +34,8 @@ class PipeInferTuner {
   void target_run(int rows, double seconds, int in_flight);
   // A draft step (one proposed token per branch) took `seconds`.
   void draft_step(double seconds);
-  // A drafted token with the draft's confidence `conf` reached verification.
+  // The target tested a drafted token the draft gave confidence `conf` (every token before it
+  // on its path was accepted): `accepted`, whether it took it.
   void verdict(float conf, bool accepted);
 
   int micro_batch() const { return k_; }

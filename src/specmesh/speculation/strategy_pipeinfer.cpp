@@ -38,6 +38,9 @@
 // differences: the artifact caps a whole run at n_draft tokens, this caps each branch's part;
 // and it branches only at the draft's frontier.
 //
+// Adaptive mode (`adaptive`, beyond the paper) replaces max_micro_batch and p_accept by what
+// PipeInferTuner chooses from the acceptance and latencies the head measures.
+//
 // Draft work survives changes of the accepted tokens: a branch that agrees with them keeps its
 // drafted tokens and the draft's cells, and a draft run whose round went stale is awaited, not
 // repeated: its answers for the branches still alive start the next round.
@@ -607,7 +610,8 @@ class PipeInfer final : public Strategy {
   // speculative run already launched since the last target result.
   float cutoff() const { return std::min(0.99f, cut_ + p_recovery_ * burst_); }
   // The cutoff's base (decay moves below it, bursts above): p_accept, or in adaptive mode the
-  // tuner's. Likewise the micro-batch: max_micro_batch, or the tuner's choice up to it.
+  // tuner's. Likewise the micro-batch: max_micro_batch, or the tuner's choice (1 to
+  // kAdaptiveMaxMicroBatch).
   float base_cutoff() const { return adaptive_ ? tuner_.cutoff() : p_accept_; }
   int micro() const { return adaptive_ ? tuner_.micro_batch() : max_micro_batch_; }
 
