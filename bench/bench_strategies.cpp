@@ -79,8 +79,7 @@ struct Measured {
 // level.
 const std::map<std::string, std::vector<double>> kTuneGrid = {{"n_draft", {2, 4, 6, 8}},   {"p_accept", {0.1, 0.3, 0.5}},
                                                               {"max_runs", {4, 8}},         {"max_micro_batch", {4, 8}},
-                                                              {"n_parallel", {1, 3}},       {"p_split", {0.5}},
-                                                              {"adaptive", {0, 1}}};
+                                                              {"n_parallel", {1, 3}},       {"p_split", {0.5}}};
 
 std::string write_topology(const Options& o, const std::string& target, int n_layer, const std::string& draft,
                            const StrategyInfo& strategy, const Variant& variant) {
