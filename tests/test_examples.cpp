@@ -161,7 +161,10 @@ TEST(Examples, EveryTopologyGeneratesTheTokensOfGenerate) {
   for (const char* name : {"pipeline-2stage-ipc.toml", "pipeline-3stage-tcp.toml", "pipeline-3stage-standby.toml",
                            "emulated-cluster.toml", "single-process.toml", "alspec-pair.toml", "pipeinfer-artifact.toml"}) {
     SCOPED_TRACE(name);
-    auto r = shell(cli("run " + kExamples + name + " --spawn -p '" + kPrompt + "' -n 32 --json"));
+    // On endpoints of its own (free ports, ipc paths with -pN): the tests below run
+    // alspec-pair.toml, dflash-stages.toml and (the embed app) pipeline-2stage-ipc.toml as they
+    // are, and ctest -j runs them in other processes beside this one.
+    auto r = shell(cli("run " + kExamples + name + " --spawn --port-base 0 -p '" + kPrompt + "' -n 32 --json"));
     ASSERT_EQ(r.status, 0) << r.out;
     const nlohmann::json got = test::last_json(r.out);
     ASSERT_TRUE(got.is_object()) << r.out;
