@@ -21,10 +21,11 @@
 // `--lambda` (the default 2 accepts every check on random weights), and with the verdicts on
 // emulate_hit_rate's fixed pattern at `--hits` (round(h x layers) hits per token; the work is
 // real, the verdicts are not the check's). Two controls: the pair with every speculation
-// rejected (what the per-layer sync costs) and the pair's ops in sequence on one thread (what
-// its kernels cost without overlap; the pair uses the speculative flash-decode kernel, plain
-// decoding does not). The sender sends its hand-off as soon as the sink + window output is
-// ready, so the receiver's rest of the layer overlaps the middle of the sender's attention.
+// rejected, and the pair's ops in sequence on one thread (what its kernels cost without
+// overlap; the pair uses the speculative flash-decode kernel, plain decoding does not). The
+// per-layer sync is the pair over plain decoding at 16 keys of context (run_cpu). The sender
+// sends its hand-off as soon as the sink + window output is ready, so the receiver's rest of
+// the layer overlaps the middle of the sender's attention.
 //
 // Usage: bench_alspec [--tokens N] [--dilate F] [--csv FILE]
 //        bench_alspec --cpu [--context 3072] [--tokens 64] [--lambda 2] [--hits 0.8] [--rounds 5]
@@ -247,8 +248,9 @@ double sequential_pair_token_seconds(const Model& m, int n, int tokens, double l
 
 // The --cpu model's shape: a layer of a 1B-class model in width (heads of 128, MHA) whose KV
 // reads at 2K keys weigh about as much as its weights (at the default 3K keys attention is
-// about 60 % of a decode token), and heavy enough that the per-layer sync between the groups (about 0.1 ms)
-// is small beside it. Five layers, so that 80 % hits is a whole number of layers.
+// about 60 % of a decode token), and heavy enough (about 2.6 ms a layer) that the per-layer
+// sync between the groups (0.1-0.3 ms) is small beside it. Five layers, so that 80 % hits is
+// a whole number of layers.
 struct CpuShape {
   int n_embd = 1024, n_head = 8, n_ff = 2816, n_layer = 5;
   DType type = DType::Q8_0;
@@ -375,6 +377,10 @@ int main(int argc, char** argv) {
                            "[--lambda L] [--hits H] [--rounds R] [--embd N] [--heads N] [--ff N] [--layers N] [--type T]\n", argv[0]);
       return 2;
     }
+  }
+  if (!(hits > 0 && hits <= 1)) {
+    std::fprintf(stderr, "--hits: %g is not a hit rate in (0, 1]\n", hits);
+    return 2;
   }
   set_log_level("error");
   try {
