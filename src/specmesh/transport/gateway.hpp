@@ -191,7 +191,11 @@ std::string control_endpoint_for(const std::string& data_endpoint);
 // workers block on a condition variable and are woken by the enqueue, with `max_threads`
 // workers. CAF's default work stealing sleep-polls (50 us naps before it blocks), which made
 // a scheduled-delivery round trip (ipc, 1 KiB, idle VM) 266 us against 157 us with sharing
-// (raw ZeroMQ 94 us). Call before constructing the caf::actor_system.
-void configure_low_latency_scheduler(caf::actor_system_config& cfg, std::size_t max_threads = 2);
+// (raw ZeroMQ 94 us). One worker by default: the actors on it route messages and sample
+// tokens, while the work runs on the devices' own threads (detached actors), so a second
+// worker mostly turned actor-to-actor hops into wake-ups of another thread. With one, a run
+// through the runtime in one process cost 62 us beyond its forward pass instead of 152-217 us
+// (bench_run_cost, stories-target-1M, 2-core VM). Call before constructing the actor_system.
+void configure_low_latency_scheduler(caf::actor_system_config& cfg, std::size_t max_threads = 1);
 
 }  // namespace specmesh
