@@ -29,6 +29,15 @@ void PipeInferTuner::target_run(int rows, double seconds, int in_flight) {
   st_ = kKeep * st_ + seconds;
   skt_ = kKeep * skt_ + k * seconds;
   runs_ = kKeep * runs_ + std::max(1, in_flight);
+  // The fit, once per sample (choose() reads it for every k): latency a + b k by least squares;
+  // with one row count seen so far, a flat a.
+  const double det = s1_ * skk_ - sk_ * sk_;
+  b_ = 0;
+  a_ = st_ / s1_;
+  if (det > 1e-9 * s1_ * skk_) {
+    b_ = std::max(0.0, (s1_ * skt_ - sk_ * st_) / det);
+    a_ = (st_ - b_ * sk_) / s1_;
+  }
   choose();
 }
 
@@ -58,16 +67,7 @@ double PipeInferTuner::expected_tokens(int k) const {
   return e;
 }
 
-double PipeInferTuner::target_share(int k) const {
-  // Latency a + b k by least squares; with one row count seen so far, a flat a.
-  const double det = s1_ * skk_ - sk_ * sk_;
-  double b = 0, a = st_ / s1_;
-  if (det > 1e-9 * s1_ * skk_) {
-    b = std::max(0.0, (s1_ * skt_ - sk_ * st_) / det);
-    a = (st_ - b * sk_) / s1_;
-  }
-  return std::max(0.0, a + b * k) / (runs_ / s1_);
-}
+double PipeInferTuner::target_share(int k) const { return std::max(0.0, a_ + b_ * k) / (runs_ / s1_); }
 
 double PipeInferTuner::draft_time(int k) const { return k * draft_s_ / draft_n_; }
 

@@ -56,9 +56,9 @@ class PipeInferTuner {
   // Acceptance: overall and per tenth of confidence, as decayed counts.
   double alpha_, accepted_ = 0, verdicts_ = 0;
   std::array<double, 10> bin_acc_{}, bin_n_{};
-  // Least squares of latency on rows with forgetting: sums of 1, k, k^2, t, k t; and the
-  // mean number of runs in flight.
-  double s1_ = 0, sk_ = 0, skk_ = 0, st_ = 0, skt_ = 0, runs_ = 0;
+  // Least squares of latency on rows with forgetting: sums of 1, k, k^2, t, k t; the fitted
+  // a and b; and the sum of runs in flight.
+  double s1_ = 0, sk_ = 0, skk_ = 0, st_ = 0, skt_ = 0, runs_ = 0, a_ = 0, b_ = 0;
   double draft_s_ = 0, draft_n_ = 0;
 };
 
