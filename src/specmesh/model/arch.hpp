@@ -27,8 +27,9 @@ struct ArchSpec {
   RopeStyle rope;
   // Loads the layer's architecture-specific tensors; `prefix` is "blk.N.".
   void (*load_layer)(const VectorLoader& vec, const std::string& prefix, const HParams& hp, LayerWeights& w);
-  // Applies them to one token's q (n_head x head_dim), k and v (n_head_kv x head_dim).
-  void (*shape_qkv)(const HParams& hp, const LayerWeights& w, float* q, float* k, float* v);
+  // Applies them to one token's q, k and v of KV heads [kv_begin, kv_end) (all of them, or a
+  // tensor-parallel rank's): k and v hold those heads (head_dim each), q their query heads.
+  void (*shape_qkv)(const HParams& hp, const LayerWeights& w, int kv_begin, int kv_end, float* q, float* k, float* v);
 };
 
 const ArchSpec& arch_spec(Arch a);

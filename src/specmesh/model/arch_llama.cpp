@@ -7,7 +7,7 @@ namespace specmesh {
 const ArchSpec kLlamaArch{
     Arch::Llama, "llama", RopeStyle::Interleaved,
     [](const VectorLoader&, const std::string&, const HParams&, LayerWeights&) {},
-    [](const HParams&, const LayerWeights&, float*, float*, float*) {},
+    [](const HParams&, const LayerWeights&, int, int, float*, float*, float*) {},
 };
 
 }  // namespace specmesh

@@ -12,10 +12,12 @@ const ArchSpec kQwen2Arch{
       w.bk = vec(p + "attn_k.bias", hp.kv_dim());
       w.bv = vec(p + "attn_v.bias", hp.kv_dim());
     },
-    [](const HParams& hp, const LayerWeights& w, float* q, float* k, float* v) {
-      add(q, w.bq, hp.q_dim());
-      add(k, w.bk, hp.kv_dim());
-      add(v, w.bv, hp.kv_dim());
+    [](const HParams& hp, const LayerWeights& w, int kv_begin, int kv_end, float* q, float* k, float* v) {
+      const size_t D = size_t(hp.head_dim), group = size_t(hp.n_head / hp.n_head_kv);
+      const size_t n_kv = size_t(kv_end - kv_begin) * D, off_kv = size_t(kv_begin) * D;
+      add(q, w.bq + off_kv * group, n_kv * group);
+      add(k, w.bk + off_kv, n_kv);
+      add(v, w.bv + off_kv, n_kv);
     },
 };
 

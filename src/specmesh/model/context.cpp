@@ -20,7 +20,11 @@ Context::Context(const Model& model, ContextParams params, ThreadPool* pool)
       pool_(pool ? pool : own_pool_.get()),
       begin_(params.layer_begin),
       end_(params.layer_end < 0 ? model.hparams().n_layer : params.layer_end),
-      kv_(context_size(model, params.n_ctx), begin_, end_, model.hparams().kv_dim(), params.kv_type),
+      tp_(params.tp),
+      link_(params.tp_link),
+      kv_heads_((check_tp_shard(tp_, model.hparams().n_head_kv), tp_kv_heads(model.hparams().n_head_kv, tp_))),
+      kv_(context_size(model, params.n_ctx), begin_, end_, int(kv_heads_.size()) * model.hparams().head_dim,
+          params.kv_type),
       capture_(std::move(params.capture_layers)),
       layout_(params.attention_layout),
       last_query_(size_t(std::max(0, end_ - begin_))) {
@@ -28,12 +32,15 @@ Context::Context(const Model& model, ContextParams params, ThreadPool* pool)
   if (begin_ < 0 || begin_ > end_ || end_ > L)
     throw std::invalid_argument("layer range [" + std::to_string(begin_) + ", " + std::to_string(end_) +
                                 ") is outside the model's " + std::to_string(L) + " layers");
+  if (tp_.size > 1 && (!link_ || link_->shard().rank != tp_.rank || link_->shard().size != tp_.size))
+    throw std::invalid_argument("tensor parallelism: rank " + std::to_string(tp_.rank) + " of " +
+                                std::to_string(tp_.size) + " needs a link for that rank");
 }
 
 ForwardOutput Context::forward(const Batch& batch, const float* hidden_in) {
   if (batch.size() == 0) return {};
   ForwardPass pass(*this, batch, hidden_in);
-  std::vector<float> att(batch.size() * size_t(model_.hparams().q_dim()));
+  std::vector<float> att(batch.size() * size_t(q_dim()));
   std::vector<std::vector<float>> captured(capture_.size());
   for (int il = begin_; il < end_; ++il) {
     if (cancel_check_ && cancel_check_()) throw ForwardCancelled();
@@ -53,11 +60,11 @@ void Context::shift_positions(int seq, int32_t p0, int32_t p1, int32_t delta, in
   const HParams& hp = model_.hparams();
   // Each key is read as floats, rotated and stored again (rounded to the cache's type once
   // more, as llama.cpp's K-shift does for an F16 cache).
-  std::vector<float> key(size_t(hp.kv_dim()));
+  std::vector<float> key(static_cast<size_t>(kv_dim()));
   for (int il = begin_; il < end_; ++il) {
     for (int32_t c : cells) {
       kv_.read(il, c, key.data(), nullptr);
-      rope(key.data(), hp.n_head_kv, hp.head_dim, hp.n_rot, delta, hp.rope_theta, hp.rope);
+      rope(key.data(), int(kv_heads_.size()), hp.head_dim, hp.n_rot, delta, hp.rope_theta, hp.rope);
       kv_.write(il, c, key.data(), nullptr);
     }
   }

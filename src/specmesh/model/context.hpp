@@ -14,6 +14,7 @@
 #include "specmesh/model/kv_cache.hpp"
 #include "specmesh/model/kv_view.hpp"
 #include "specmesh/model/model.hpp"
+#include "specmesh/model/tensor_parallel.hpp"
 #include "specmesh/model/visibility.hpp"
 
 namespace specmesh {
@@ -40,6 +41,11 @@ struct ContextParams {
   // Key ranges plain attention splits into; results are the same up to rounding for any
   // layout, bit for bit only for the same one (speculative decoding compares with this).
   FlashLayout attention_layout{};
+  // One rank of a tensor-parallel group (tensor_parallel.hpp): the KV cache holds this rank's
+  // KV heads and every pass exchanges its shares over `tp_link` (required when tp.size > 1,
+  // with the same shard; it must outlive the context). All ranks run the same passes.
+  TpShard tp{};
+  TpLink* tp_link = nullptr;
 };
 
 // What one forward pass produced, for the batch tokens flagged in Batch::logits.
@@ -65,6 +71,12 @@ class Context {
   int layer_end() const { return end_; }
   bool has_head() const { return end_ == model_.hparams().n_layer; }
   const FlashLayout& attention_layout() const { return layout_; }
+  const TpShard& tp() const { return tp_; }
+  TpLink* tp_link() const { return link_; }
+  // This rank's KV heads, and its widths of q and of a K/V row (the model's without TP).
+  RowRange kv_heads() const { return kv_heads_; }
+  int q_dim() const { return int(kv_heads_.size()) * model_.hparams().n_head / model_.hparams().n_head_kv * model_.hparams().head_dim; }
+  int kv_dim() const { return int(kv_heads_.size()) * model_.hparams().head_dim; }
 
   // Runs the batch through this context's layers. A context starting at layer 0 embeds
   // batch.tokens; a later stage takes `hidden_in` (n_batch x n_embd). A context ending before
@@ -85,7 +97,7 @@ class Context {
   // visible cell, the default). A token in several sequences uses the lowest one's view.
   void set_view(int seq, std::shared_ptr<const KvView> view);
 
-  // The post-RoPE query (q_dim) of the last token of the latest forward pass in `layer` (one of
+  // The post-RoPE query (q_dim(): this rank's heads) of the last token of the latest forward pass in `layer` (one of
   // this context's), and that token's position (-1 before any pass): what a retrieval cache is
   // scored with (retrieval_cache.hpp).
   const std::vector<float>& last_query(int layer) const;
@@ -103,6 +115,9 @@ class Context {
   std::unique_ptr<ThreadPool> own_pool_;
   ThreadPool* pool_;
   int begin_, end_;
+  TpShard tp_;
+  TpLink* link_;
+  RowRange kv_heads_;
   KvCache kv_;
   std::vector<int> capture_;
   FlashLayout layout_;

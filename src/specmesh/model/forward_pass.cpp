@@ -57,8 +57,10 @@ void ForwardPass::pre_attention(int il) {
   const HParams& hp = model.hparams();
   const LayerWeights& w = model.layers[il];
   const ArchSpec& arch = arch_spec(hp.arch);
-  const size_t n = size(), E = hp.n_embd, Q = hp.q_dim(), KV = hp.kv_dim();
+  const size_t n = size(), E = hp.n_embd, Q = size_t(ctx_.q_dim()), KV = size_t(ctx_.kv_dim());
   const int D = hp.head_dim;
+  const RowRange heads = ctx_.kv_heads();
+  const size_t group = size_t(hp.n_head / hp.n_head_kv);
   ThreadPool& pool = ctx_.pool();
 
   h_.resize(n * E);
@@ -66,18 +68,20 @@ void ForwardPass::pre_attention(int il) {
   v_.resize(n * KV);
   q_.resize(n * Q);
   for (size_t i = 0; i < n; ++i) rmsnorm(x_.data() + i * E, w.attn_norm, h_.data() + i * E, E, hp.rms_eps);
-  matmul(w.wq, h_.data(), n, q_.data(), pool);
-  matmul(w.wk, h_.data(), n, k_.data(), pool);
-  matmul(w.wv, h_.data(), n, v_.data(), pool);
+  // This rank's heads: every head without tensor parallelism.
+  matmul_rows(w.wq, heads.begin * group * D, heads.end * group * D, h_.data(), n, q_.data(), pool);
+  matmul_rows(w.wk, heads.begin * D, heads.end * D, h_.data(), n, k_.data(), pool);
+  matmul_rows(w.wv, heads.begin * D, heads.end * D, h_.data(), n, v_.data(), pool);
 
   KvCache& kv = ctx_.kv();
+  const int n_kv = int(heads.size());
   for (size_t i = 0; i < n; ++i) {
     float* qi = q_.data() + i * Q;
     float* ki = k_.data() + i * KV;
     float* vi = v_.data() + i * KV;
-    arch.shape_qkv(hp, w, qi, ki, vi);
-    rope(qi, hp.n_head, D, hp.n_rot, batch_.pos[i], hp.rope_theta, hp.rope);
-    rope(ki, hp.n_head_kv, D, hp.n_rot, batch_.pos[i], hp.rope_theta, hp.rope);
+    arch.shape_qkv(hp, w, int(heads.begin), int(heads.end), qi, ki, vi);
+    rope(qi, n_kv * int(group), D, hp.n_rot, batch_.pos[i], hp.rope_theta, hp.rope);
+    rope(ki, n_kv, D, hp.n_rot, batch_.pos[i], hp.rope_theta, hp.rope);
     kv.write(il, slots_[i], ki, vi);
   }
   ctx_.last_query_[size_t(il - ctx_.begin_)].assign(q_.end() - ptrdiff_t(Q), q_.end());
@@ -89,7 +93,8 @@ SpecCheck ForwardPass::attention(int il, float* full, float* spec, const SpecCon
                                  const std::function<void()>& spec_ready) {
   if (q_layer_ != il) throw std::logic_error("attention of a layer whose pre-attention ops did not run");
   const HParams& hp = ctx_.model().hparams();
-  const size_t n = size(), Q = hp.q_dim();
+  const size_t n = size(), Q = size_t(ctx_.q_dim());
+  const int n_kv = int(ctx_.kv_heads().size()), kv_begin = int(ctx_.kv_heads().begin);
   const int D = hp.head_dim;
   const KvRows rows = ctx_.kv().rows(il);
   const float scale = 1.0f / std::sqrt(float(D));
@@ -98,7 +103,7 @@ SpecCheck ForwardPass::attention(int il, float* full, float* spec, const SpecCon
 
   if (!visible_.per_head()) {
     if (!lists_built_) build_cell_lists(il);
-    const HeadShape shape{hp.n_head, hp.n_head_kv, D};
+    const HeadShape shape{n_kv * group, n_kv, D};
     // A decode step: every head in one flash decode, split over the pool by KV chunks.
     if (n == 1) {
       if (cfg) {
@@ -121,20 +126,20 @@ SpecCheck ForwardPass::attention(int il, float* full, float* spec, const SpecCon
   // list built once for the query heads that read it, which go through one flash decode (each
   // head is computed the same way whatever the grouping, so a token's result does not depend
   // on its batch).
-  const size_t items = n * size_t(hp.n_head_kv);
+  const size_t items = n * size_t(n_kv);
   auto work = [&](size_t b, size_t e) {
     thread_local std::vector<int32_t> cells;
     for (size_t it = b; it < e; ++it) {
-      const size_t i = it / size_t(hp.n_head_kv);
-      const int kvh = int(it % size_t(hp.n_head_kv));
-      visible_.cells(i, il, kvh, cells);
+      const size_t i = it / size_t(n_kv);
+      const int kvh = int(it % size_t(n_kv));
+      visible_.cells(i, il, kv_begin + kvh, cells);
       const size_t off = i * Q + size_t(kvh) * group * D;
       flash_decode(q_.data() + off, HeadShape{group, 1, D}, scale,
                    rows.shifted(size_t(kvh) * D), cells.data(), cells.size(), full + off,
                    layout, nullptr);
     }
   };
-  if (n * hp.n_head_kv * size_t(kv_used_) * group * D < 32768) work(0, items);
+  if (n * size_t(n_kv) * size_t(kv_used_) * group * D < 32768) work(0, items);
   else ctx_.pool().parallel_for(items, work);
   return {};
 }
@@ -156,26 +161,64 @@ void ForwardPass::build_cell_lists(int il) {
   lists_built_ = true;
 }
 
+void ForwardPass::gather(const float* mine, size_t total, bool by_heads, float* out) {
+  const TpShard tp = ctx_.tp();
+  const HParams& hp = ctx_.model().hparams();
+  const size_t per_kv_head = size_t(hp.n_head / hp.n_head_kv) * size_t(hp.head_dim);
+  shares_.resize(size_t(tp.size));
+  for (int r = 0; r < tp.size; ++r)
+    shares_[size_t(r)] = by_heads ? tp_kv_heads(hp.n_head_kv, {r, tp.size}).size() * per_kv_head
+                                  : tp_rows(total, {r, tp.size}).size();
+  ctx_.tp_link()->all_gather(mine, size(), shares_.data(), total, out);
+}
+
+const float* ForwardPass::project(const WeightView& w, const float* in, std::vector<float>& local,
+                                  std::vector<float>& whole) {
+  const size_t n = size();
+  whole.resize(n * w.rows);
+  if (ctx_.tp().size == 1) {
+    matmul(w, in, n, whole.data(), ctx_.pool());
+    return whole.data();
+  }
+  const RowRange rows = tp_rows(w.rows, ctx_.tp());
+  local.resize(n * rows.size());
+  matmul_rows(w, rows.begin, rows.end, in, n, local.data(), ctx_.pool());
+  gather(local.data(), w.rows, false, whole.data());
+  return whole.data();
+}
+
 void ForwardPass::post_attention(int il, const float* att) {
   const HParams& hp = ctx_.model().hparams();
   const LayerWeights& w = ctx_.model().layers[il];
-  const size_t n = size(), E = hp.n_embd, F = hp.n_ff;
-  ThreadPool& pool = ctx_.pool();
+  const size_t n = size(), E = hp.n_embd;
+  const bool tp = ctx_.tp().size > 1;
   float* x = x_.data();
 
-  h_.resize(n * E);
-  proj_.resize(n * E);
-  gate_.resize(n * F);
-  up_.resize(n * F);
-  matmul(w.wo, att, n, proj_.data(), pool);
-  for (size_t i = 0; i < n * E; ++i) x[i] += proj_[i];
+  if (tp) {  // every rank's heads
+    att_.resize(n * size_t(hp.q_dim()));
+    gather(att, size_t(hp.q_dim()), true, att_.data());
+    att = att_.data();
+  }
+  const float* proj = project(w.wo, att, local_, proj_);
+  for (size_t i = 0; i < n * E; ++i) x[i] += proj[i];
 
+  h_.resize(n * E);
   for (size_t i = 0; i < n; ++i) rmsnorm(x + i * E, w.ffn_norm, h_.data() + i * E, E, hp.rms_eps);
-  matmul(w.w_gate, h_.data(), n, gate_.data(), pool);
-  matmul(w.w_up, h_.data(), n, up_.data(), pool);
-  swiglu(gate_.data(), up_.data(), n * F);
-  matmul(w.w_down, gate_.data(), n, proj_.data(), pool);
-  for (size_t i = 0; i < n * E; ++i) x[i] += proj_[i];
+  // The gate and up rows of this rank's share of the inner dimension, then all of it.
+  const RowRange ff = tp_rows(size_t(hp.n_ff), ctx_.tp());
+  gate_.resize(n * ff.size());
+  up_.resize(n * ff.size());
+  matmul_rows(w.w_gate, ff.begin, ff.end, h_.data(), n, gate_.data(), ctx_.pool());
+  matmul_rows(w.w_up, ff.begin, ff.end, h_.data(), n, up_.data(), ctx_.pool());
+  swiglu(gate_.data(), up_.data(), n * ff.size());
+  const float* inner = gate_.data();
+  if (tp) {
+    inner_.resize(n * size_t(hp.n_ff));
+    gather(gate_.data(), size_t(hp.n_ff), false, inner_.data());
+    inner = inner_.data();
+  }
+  proj = project(w.w_down, inner, local_, proj_);
+  for (size_t i = 0; i < n * E; ++i) x[i] += proj[i];
 }
 
 void ForwardPass::read_kv(int il, size_t i, float* k, float* v) const { ctx_.kv().read(il, slots_.at(i), k, v); }
@@ -199,7 +242,17 @@ ForwardOutput ForwardPass::output() {
   std::vector<float> normed(r * E);
   for (size_t k = 0; k < r; ++k) rmsnorm(x_.data() + out.rows[k] * E, model.output_norm, normed.data() + k * E, E, hp.rms_eps);
   out.logits.resize(r * size_t(hp.n_vocab));
-  matmul(model.output, normed.data(), r, out.logits.data(), ctx_.pool());
+  if (ctx_.tp().size == 1) {
+    matmul(model.output, normed.data(), r, out.logits.data(), ctx_.pool());
+    return out;
+  }
+  // Each rank's share of the vocabulary, for the rows that want logits.
+  const RowRange rows = tp_rows(size_t(hp.n_vocab), ctx_.tp());
+  local_.resize(r * rows.size());
+  matmul_rows(model.output, rows.begin, rows.end, normed.data(), r, local_.data(), ctx_.pool());
+  shares_.resize(size_t(ctx_.tp().size));
+  for (int k = 0; k < ctx_.tp().size; ++k) shares_[size_t(k)] = tp_rows(size_t(hp.n_vocab), {k, ctx_.tp().size}).size();
+  ctx_.tp_link()->all_gather(local_.data(), r, shares_.data(), size_t(hp.n_vocab), out.logits.data());
   return out;
 }
 

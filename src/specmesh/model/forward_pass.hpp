@@ -36,22 +36,27 @@ class ForwardPass {
   float* x() { return x_.data(); }
   const float* x() const { return x_.data(); }
 
+  // Under tensor parallelism (Context's tp) every op computes the rank's part: q, K and V of its
+  // KV heads, attention of its query heads (att and the K/V rows below are of those), its
+  // rows of the other matrices; post_attention() and output() gather the rest from the group,
+  // so the residual stream and the logits are whole on every rank.
+  //
   // Norm, Q/K/V, shaping, RoPE, K/V rows into the cells. Keeps q for attention(il).
   void pre_attention(int il);
 
-  // Attention of layer il into `full` (n_batch x q_dim), with the context's attention layout.
+  // Attention of layer il into `full` (n_batch x ctx.q_dim()), with the context's attention layout.
   // With `cfg`, a single-token batch whose heads share one cell list also gets the
-  // speculative output in `spec` (q_dim) and the check, through the speculative kernel; its
+  // speculative output in `spec` (ctx.q_dim()) and the check, through the speculative kernel; its
   // full output equals the plain one bit for bit when cfg->layout is the context's layout.
   // Without cfg the returned check is default (not exact, not accepted). `spec_ready` is called
   // once `spec` is complete, before the rest of the full output is computed.
   SpecCheck attention(int il, float* full, float* spec = nullptr, const SpecConfig* cfg = nullptr,
                       const std::function<void()>& spec_ready = {});
 
-  // Output projection of `att` (n_batch x q_dim) added to the residual, then the FFN block.
+  // Output projection of `att` (n_batch x ctx.q_dim()) added to the residual, then the FFN block.
   void post_attention(int il, const float* att);
 
-  // The K and V rows (kv_dim each) batch token i wrote in layer il.
+  // The K and V rows (ctx.kv_dim() each) batch token i wrote in layer il.
   void read_kv(int il, size_t i, float* k, float* v) const;
   void write_kv(int il, size_t i, const float* k, const float* v);
 
@@ -78,6 +83,15 @@ class ForwardPass {
   bool lists_built_ = false;
   // Per-layer scratch, sized once for the batch.
   std::vector<float> h_, k_, v_, proj_, gate_, up_;
+  // Tensor parallelism: this rank's rows, and the whole matrices gathered from the group.
+  std::vector<float> local_, att_, inner_;
+  std::vector<size_t> shares_;
+  // Gathers the group's columns of an n_batch x total matrix, split by KV heads (the attention
+  // output) or by tp_rows.
+  void gather(const float* mine, size_t total, bool by_heads, float* out);
+  // w x in for every batch token: all rows, or this rank's rows gathered from the group into
+  // `whole`; returns whole's data.
+  const float* project(const WeightView& w, const float* in, std::vector<float>& local, std::vector<float>& whole);
 };
 
 }  // namespace specmesh

@@ -1,0 +1,212 @@
+#include "specmesh/model/tp_group.hpp"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+namespace specmesh {
+
+namespace {
+
+// Thrown in the ranks still waiting when another rank failed.
+struct GroupBroken : std::runtime_error {
+  GroupBroken() : std::runtime_error("tensor-parallel group: another rank failed") {}
+};
+
+}  // namespace
+
+// The ranks' meeting point: a reusable barrier that a failing rank can break, and each rank's
+// buffer for the exchange in progress. A rank reads the others' buffers between two barriers,
+// so none is changed or freed while it is read.
+struct TpGroup::Exchange {
+  explicit Exchange(int n) : n(n), parts(size_t(n)) {}
+  const int n;
+  std::vector<const float*> parts;
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  uint64_t generation = 0;
+  bool broken = false;
+
+  void wait() {
+    std::unique_lock lock(mu);
+    if (broken) throw GroupBroken();
+    const uint64_t gen = generation;
+    if (++arrived == n) {
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+      return;
+    }
+    cv.wait(lock, [&] { return generation != gen || broken; });
+    if (generation == gen) throw GroupBroken();
+  }
+  void fail() {
+    std::lock_guard lock(mu);
+    broken = true;
+    cv.notify_all();
+  }
+  void reset() {
+    std::lock_guard lock(mu);
+    broken = false;
+    arrived = 0;
+  }
+};
+
+class TpGroup::Link final : public TpLink {
+ public:
+  Link(Exchange& ex, TpShard shard) : ex_(ex), shard_(shard) {}
+  TpShard shard() const override { return shard_; }
+
+  void all_gather(const float* mine, size_t rows, const size_t* shares, size_t total, float* out) override {
+    ex_.parts[size_t(shard_.rank)] = mine;
+    ex_.wait();
+    size_t col = 0;
+    for (int r = 0; r < shard_.size; ++r) {
+      const size_t w = shares[r];
+      for (size_t i = 0; i < rows && w > 0; ++i)
+        std::memcpy(out + i * total + col, ex_.parts[size_t(r)] + i * w, w * sizeof(float));
+      col += w;
+    }
+    if (col != total) throw std::logic_error("tensor-parallel all-gather: the shares do not add up");
+    ex_.wait();
+  }
+
+  void all_reduce_sum(float* v, size_t n) override {
+    ex_.parts[size_t(shard_.rank)] = v;
+    ex_.wait();
+    sum_.assign(ex_.parts[0], ex_.parts[0] + n);
+    for (int r = 1; r < shard_.size; ++r)
+      for (size_t i = 0; i < n; ++i) sum_[i] += ex_.parts[size_t(r)][i];
+    ex_.wait();
+    std::copy(sum_.begin(), sum_.end(), v);
+  }
+
+ private:
+  Exchange& ex_;
+  TpShard shard_;
+  std::vector<float> sum_;
+};
+
+// Ranks 1..n-1 each on a thread that lives as long as the group, so a decode step's several
+// runs start no threads.
+class TpGroup::Workers {
+ public:
+  explicit Workers(int n) : errors_(size_t(n)) {
+    for (int r = 1; r < n; ++r) threads_.emplace_back([this, r] { loop(r); });
+  }
+  ~Workers() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  // Runs job(r) on every rank; returns each rank's exception (or null).
+  std::vector<std::exception_ptr> run(const std::function<void(int)>& job) {
+    {
+      std::lock_guard lock(mu_);
+      job_ = &job;
+      pending_ = int(threads_.size());
+      std::fill(errors_.begin(), errors_.end(), nullptr);
+      ++generation_;
+    }
+    cv_.notify_all();
+    try {
+      job(0);
+    } catch (...) {
+      errors_[0] = std::current_exception();
+      if (on_error_) on_error_();
+    }
+    std::unique_lock lock(mu_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    job_ = nullptr;
+    return errors_;
+  }
+  void on_error(std::function<void()> f) { on_error_ = std::move(f); }
+
+ private:
+  void loop(int r) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(int)>* job;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        job = job_;
+      }
+      std::exception_ptr err;
+      try {
+        (*job)(r);
+      } catch (...) {
+        err = std::current_exception();
+        if (on_error_) on_error_();
+      }
+      std::lock_guard lock(mu_);
+      errors_[size_t(r)] = err;
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_;
+  const std::function<void(int)>* job_ = nullptr;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+  std::vector<std::exception_ptr> errors_;
+  std::function<void()> on_error_;
+};
+
+TpGroup::TpGroup(const Model& model, ContextParams params, int n) {
+  check_tp_shard({0, n}, model.hparams().n_head_kv);
+  exchange_ = std::make_unique<Exchange>(n);
+  for (int r = 0; r < n; ++r) {
+    const TpShard shard{r, n};
+    links_.push_back(std::make_unique<Link>(*exchange_, shard));
+    ContextParams p = params;
+    p.tp = shard;
+    p.tp_link = n > 1 ? links_.back().get() : nullptr;
+    ctx_.push_back(std::make_unique<Context>(model, p));
+  }
+  workers_ = std::make_unique<Workers>(n);
+  workers_->on_error([ex = exchange_.get()] { ex->fail(); });
+}
+
+TpGroup::~TpGroup() = default;
+
+void TpGroup::run(const std::function<void(int)>& fn) {
+  const std::vector<std::exception_ptr> errors = workers_->run(fn);
+  std::exception_ptr first, broken;
+  for (const std::exception_ptr& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const GroupBroken&) {
+      if (!broken) broken = e;
+    } catch (...) {
+      if (!first) first = e;
+    }
+  }
+  if (!first && !broken) return;
+  exchange_->reset();
+  std::rethrow_exception(first ? first : broken);
+}
+
+ForwardOutput TpGroup::forward(const Batch& batch, const float* hidden_in) {
+  std::vector<ForwardOutput> out(ctx_.size());
+  run([&](int r) { out[size_t(r)] = ctx_[size_t(r)]->forward(batch, hidden_in); });
+  return std::move(out[0]);
+}
+
+}  // namespace specmesh

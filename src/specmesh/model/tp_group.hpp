@@ -1,0 +1,47 @@
+// A tensor-parallel group in one process: n contexts of one model, rank r holding its share
+// (tensor_parallel.hpp), each on a thread of its own, exchanging shares through memory.
+//
+// This is the group an application embeds, and the reference the device-actor groups (which
+// exchange the same shares as messages) are tested against: its logits equal one context's
+// bit for bit, for any group size.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "specmesh/model/context.hpp"
+
+namespace specmesh {
+
+class TpGroup {
+ public:
+  // `params` is every rank's (its tp and tp_link are set here); n_threads is per rank. Throws
+  // std::invalid_argument when the model cannot be split n ways.
+  TpGroup(const Model& model, ContextParams params, int n);
+  ~TpGroup();
+  TpGroup(const TpGroup&) = delete;
+  TpGroup& operator=(const TpGroup&) = delete;
+
+  int size() const { return int(ctx_.size()); }
+  Context& rank(int r) { return *ctx_.at(size_t(r)); }
+
+  // Runs fn(r) for every rank at once, rank 0 on the calling thread, and returns when all have.
+  // When one throws, the group's exchange is broken for the others (their waits throw), and the
+  // first exception is rethrown here; the group stays usable.
+  void run(const std::function<void(int rank)>& fn);
+
+  // Context::forward on every rank; returns rank 0's output (every rank has the same logits).
+  ForwardOutput forward(const Batch& batch, const float* hidden_in = nullptr);
+
+ private:
+  struct Exchange;
+  class Link;
+  class Workers;
+  std::unique_ptr<Exchange> exchange_;
+  std::vector<std::unique_ptr<Link>> links_;
+  std::vector<std::unique_ptr<Context>> ctx_;
+  std::unique_ptr<Workers> workers_;
+};
+
+}  // namespace specmesh
