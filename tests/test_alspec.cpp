@@ -166,10 +166,11 @@ std::vector<int32_t> plain_greedy(const Model& m, const std::vector<int32_t>& pr
   return greedy_ids(ctx, prompt, n, true);
 }
 
-// Both devices' caches hold the same K/V rows in every used cell of every layer.
-void expect_same_caches(AlspecPair& pair) {
-  KvCache& a = pair.device(0).kv();
-  KvCache& b = pair.device(1).kv();
+// Both devices' caches (rank `rank` of each group) hold the same K/V rows in every used cell
+// of every layer.
+void expect_same_caches(AlspecPair& pair, int rank = 0) {
+  KvCache& a = pair.device(0, rank).kv();
+  KvCache& b = pair.device(1, rank).kv();
   const size_t bytes = size_t(a.n_cells()) * a.rows(a.layer_begin()).row_bytes();
   for (int il = a.layer_begin(); il < a.layer_end(); ++il) {
     EXPECT_EQ(std::memcmp(a.rows(il).k, b.rows(il).k, bytes), 0) << "K rows of layer " << il;
@@ -363,6 +364,68 @@ TEST(AlspecPair, LargeLambdaTextIsPlainUntil2SAndReadable) {
   const std::string text = m->tokenizer().decode(got);
   EXPECT_FALSE(text.empty());
   std::printf("lambda 10: %s\n", text.c_str());
+}
+
+// ---- SP + TPn: each device a tensor-parallel group ---------------------------------------
+
+TEST(AlspecPair, TensorParallelGroupsDecodeExactlyAsPlainGreedyAtLambdaZeroAndOnMisses) {
+  SPECMESH_REQUIRE_REFDATA();
+  constexpr int kTokens = 50;
+  for (auto& nm : all_models()) {
+    for (int tp : {2, 4}) {
+      if (tp > nm.model->hparams().n_head_kv) continue;
+      for (bool force_miss : {false, true}) {
+        SCOPED_TRACE(nm.name + " TP" + std::to_string(tp) + (force_miss ? " forced misses" : " lambda 0"));
+        const SpecConfig cfg = spec_config(16, force_miss ? 10.0f : 0.0f);
+        const auto want = plain_greedy(*nm.model, nm.prompt, kTokens, cfg.layout);
+        AlspecPair pair(*nm.model, {.spec = cfg, .n_ctx = 256, .tp = tp});
+        if (force_miss) pair.set_verdict([](int, const SpecCheck&) { return false; });
+        int speculated = 0;
+        const auto got = pair.greedy(nm.prompt, kTokens, [&](const AlspecToken& t, int32_t, int32_t) {
+          for (const SpecCheck& c : t.checks) speculated += !c.exact;
+        });
+        EXPECT_EQ(got, want);
+        EXPECT_GT(speculated, 0);
+        for (int r = 0; r < tp; ++r) expect_same_caches(pair, r);
+      }
+    }
+  }
+}
+
+TEST(AlspecPair, TensorParallelGroupsHitAsOneDeviceDoes) {
+  // With every speculation accepted, groups of 2 take the same path as single devices: the same
+  // speculative outputs per head, the check's squares summed over the ranks, the same tokens.
+  SPECMESH_REQUIRE_REFDATA();
+  constexpr int kTokens = 50;
+  for (auto& nm : all_models()) {
+    if (nm.model->hparams().n_head_kv < 2) continue;
+    SCOPED_TRACE(nm.name);
+    const int L = nm.model->hparams().n_layer;
+    const SpecConfig cfg = spec_config(16, 0.3f);
+    AlspecPair one(*nm.model, {.spec = cfg, .n_ctx = 256});
+    AlspecPair two(*nm.model, {.spec = cfg, .n_ctx = 256, .tp = 2});
+    std::vector<AlspecToken> steps;
+    const auto want = one.greedy(nm.prompt, kTokens, [&](const AlspecToken& t, int32_t, int32_t) { steps.push_back(t); });
+    size_t i = 0;
+    int hits = 0, misses = 0;
+    const auto got = two.greedy(nm.prompt, kTokens, [&](const AlspecToken& t, int32_t, int32_t pos) {
+      ASSERT_LT(i, steps.size());
+      const AlspecToken& w = steps[i++];
+      EXPECT_EQ(t.hits, w.hits) << "pos " << pos;
+      EXPECT_EQ(t.holder, w.holder);
+      for (int il = 0; il < L; ++il) {
+        EXPECT_NEAR(t.checks[il].d2, w.checks[il].d2, 1e-4f * w.checks[il].n2 + 1e-12f);
+        EXPECT_NEAR(t.checks[il].n2, w.checks[il].n2, 1e-5f * w.checks[il].n2);
+        if (!t.checks[il].exact) (t.hits[il] ? hits : misses)++;
+      }
+      EXPECT_EQ(std::memcmp(t.logits.data(), w.logits.data(), w.logits.size() * 4), 0) << "pos " << pos;
+      for (int r = 0; r < 2; ++r) expect_same_caches(two, r);
+    });
+    EXPECT_EQ(got, want);
+    std::printf("%s lambda 0.3: %d speculative hits, %d misses\n", nm.name.c_str(), hits, misses);
+    EXPECT_EQ(two.work(0, 0).sent + two.work(1, 0).sent, (kTokens - 1) * L);
+    EXPECT_EQ(two.work(0, 1).sent, two.work(0, 0).sent) << "the ranks of a group take the same roles";
+  }
 }
 
 }  // namespace

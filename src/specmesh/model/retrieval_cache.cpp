@@ -17,6 +17,8 @@ std::shared_ptr<const RetrievalView> build_retrieval_view(const Context& ctx, in
     throw std::invalid_argument("retrieval cache over " + std::to_string(fresh_from) +
                                 " positions needs the query of position " + std::to_string(fresh_from - 1) +
                                 ", but the last forward pass ended at " + std::to_string(ctx.last_query_pos()));
+  // Views select cells per KV head of the whole model; a tensor-parallel rank holds a few.
+  if (ctx.tp().size > 1) throw std::invalid_argument("retrieval cache: not built for a tensor-parallel rank");
   const HParams& hp = ctx.model().hparams();
   const KvCache& kv = ctx.kv();
   const int D = hp.head_dim, H = hp.n_head_kv, group = hp.n_head / hp.n_head_kv;

@@ -24,15 +24,23 @@ void AlspecDevice::pre(int il) {
 AlspecHandoff AlspecDevice::attend(int il, const std::function<void(const AlspecHandoff&)>& ship) {
   if (!is_sender()) throw std::logic_error("ALSpec: attend() on the receiver");
   const HParams& hp = ctx_.model().hparams();
-  k_.resize(hp.kv_dim());
-  v_.resize(hp.kv_dim());
+  k_.resize(size_t(ctx_.kv_dim()));
+  v_.resize(size_t(ctx_.kv_dim()));
   pass_->read_kv(il, 0, k_.data(), v_.data());
-  full_.resize(hp.q_dim());
-  spec_out_.resize(hp.q_dim());
+  full_.resize(size_t(ctx_.q_dim()));
+  spec_out_.resize(size_t(ctx_.q_dim()));
   const AlspecHandoff h{{pass_->x(), size_t(hp.n_embd)}, k_, v_, spec_out_};
   std::function<void()> ready;
   if (ship) ready = [&] { ship(h); };
   check_ = pass_->attention(il, full_.data(), spec_out_.data(), &spec_, ready);
+  if (TpLink* link = ctx_.tp_link()) {
+    // One decision for the whole layer: every rank of the group sums the same squares.
+    float sums[2] = {check_.d2, check_.n2};
+    link->all_reduce_sum(sums, 2);
+    check_.d2 = sums[0];
+    check_.n2 = sums[1];
+    check_.accept = check_.exact || spec_accept(check_.d2, check_.n2, spec_.lambda);
+  }
   ++work_.sent;
   return h;
 }
@@ -49,8 +57,8 @@ void AlspecDevice::settle(int il, bool hit) {
 
 void AlspecDevice::receive(int il, const AlspecHandoff& h) {
   const HParams& hp = ctx_.model().hparams();
-  if (h.residual.size() != size_t(hp.n_embd) || h.k.size() != size_t(hp.kv_dim()) ||
-      h.v.size() != size_t(hp.kv_dim()) || h.spec.size() != size_t(hp.q_dim()))
+  if (h.residual.size() != size_t(hp.n_embd) || h.k.size() != size_t(ctx_.kv_dim()) ||
+      h.v.size() != size_t(ctx_.kv_dim()) || h.spec.size() != size_t(ctx_.q_dim()))
     throw std::invalid_argument("ALSpec: the hand-off does not match the model's dimensions");
   // The residual and this layer's K/V rows here are stale (skipped after a hit) or
   // speculative (went on after a miss): the sender's replace them.

@@ -13,6 +13,10 @@
 // 2S keys or more (below that the speculative output is exact), so the pair then decodes bit
 // for bit as one context with the same attention layout.
 //
+// Each device may be a tensor-parallel group of `tp` ranks (the paper's SP + TPn): rank r of the
+// sender's group hands rank r of the receiver's its heads' K/V rows and speculative output, the
+// groups sum the check over their ranks, and the ranks of a group run at once (TpGroup).
+//
 // Sequential here (both devices step through alspec_device.hpp in turn): the work counters
 // say what each device ran and skipped, which is what the overlap on real hardware would save.
 #pragma once
@@ -25,6 +29,7 @@
 
 #include "specmesh/kernels/flash_decode.hpp"
 #include "specmesh/model/context.hpp"
+#include "specmesh/model/tp_group.hpp"
 #include "specmesh/speculation/alspec_device.hpp"
 
 namespace specmesh {
@@ -32,7 +37,8 @@ namespace specmesh {
 struct AlspecParams {
   SpecConfig spec;    // sink/window length S, middle chunk, tile, lambda
   int n_ctx = 0;      // KV cells per device (0: the model's default)
-  int n_threads = 1;  // per device
+  int n_threads = 1;  // per device (per rank of a group)
+  int tp = 1;         // tensor-parallel ranks per device group
 };
 
 // One decode token's result.
@@ -65,15 +71,16 @@ class AlspecPair {
   void set_verdict(AlspecVerdict verdict) { verdict_ = std::move(verdict); }
 
   const AlspecParams& params() const { return params_; }
-  Context& device(int k) { return *ctx_[k]; }
-  const AlspecGate& gate(int k) const { return dev_[k]->gate(); }
-  const AlspecWork& work(int k) const { return dev_[k]->work(); }
+  // Group k's rank `rank` (the whole device without tensor parallelism).
+  Context& device(int k, int rank = 0) { return group_[k]->rank(rank); }
+  const AlspecGate& gate(int k) const { return dev_[k][0]->gate(); }
+  const AlspecWork& work(int k, int rank = 0) const { return dev_[k][size_t(rank)]->work(); }
 
  private:
   const Model& model_;
   AlspecParams params_;
-  std::unique_ptr<Context> ctx_[2];
-  std::unique_ptr<AlspecDevice> dev_[2];
+  std::unique_ptr<TpGroup> group_[2];
+  std::vector<std::unique_ptr<AlspecDevice>> dev_[2];  // per rank
   AlspecVerdict verdict_;
 };
 
