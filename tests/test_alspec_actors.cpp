@@ -96,7 +96,9 @@ std::vector<int32_t> sequential_pair(const std::string& path, float lambda) {
 // two groups as node processes.
 // "inproc-one-node": both groups on one node, whose syncs go from device thread to device
 // thread without the router (alspec_stage's LocalGroups).
-std::string topology(const std::string& model, const std::string& transport, const std::string& params, int n_ctx = 0) {
+// tp_a / tp_b: the devices of each group (tensor-parallel ranks), all on the group's node.
+std::string topology(const std::string& model, const std::string& transport, const std::string& params, int n_ctx = 0,
+                     int tp_a = 1, int tp_b = 1) {
   const bool one_node = transport == "inproc-one-node";
   static std::atomic<int> n{0};
   const int id = n++;
@@ -112,9 +114,18 @@ std::string topology(const std::string& model, const std::string& transport, con
     << "[nodes.head]\nendpoint = \"" << ep("head") << "\"\nhead = true\n"
     << "[nodes.a]\nendpoint = \"" << ep("a") << "\"\n"
     << (one_node ? "" : "[nodes.b]\nendpoint = \"" + ep("b") + "\"\n")
-    << "[devices.ga]\nnode = \"a\"\n[devices.gb]\nnode = \"" << (one_node ? "a" : "b") << "\"\n"
-    << "[[stages]]\nrole = \"target\"\ndevice = \"ga\"\nfraction = 1.0\n"
-    << "[[stages]]\nrole = \"receiver\"\ndevice = \"gb\"\nfraction = 1.0\n";
+    << "[devices.ga]\nnode = \"a\"\n[devices.gb]\nnode = \"" << (one_node ? "a" : "b") << "\"\n";
+  auto ranks = [&](const std::string& g, const std::string& node, int n) {
+    std::string list;
+    for (int r = 1; r < n; ++r) {
+      f << "[devices." << g << r << "]\nnode = \"" << node << "\"\n";
+      list += (list.empty() ? "\"" : ", \"") + g + std::to_string(r) + "\"";
+    }
+    return n > 1 ? "tensor_parallel = [" + list + "]\n" : std::string();
+  };
+  const std::string tpa = ranks("ga", "a", tp_a), tpb = ranks("gb", one_node ? "a" : "b", tp_b);
+  f << "[[stages]]\nrole = \"target\"\ndevice = \"ga\"\nfraction = 1.0\n" << tpa
+    << "[[stages]]\nrole = \"receiver\"\ndevice = \"gb\"\nfraction = 1.0\n" << tpb;
   return path;
 }
 
@@ -139,6 +150,72 @@ void expect_exact(const std::string& transport, const std::string& params) {
 }
 
 }  // namespace
+
+// SP + TPn: each group's stage split over several devices (tensor-parallel ranks); the groups
+// exchange whole rows, so they may differ in size.
+TEST(AlspecActors, TensorParallelGroupsEqualPlainDecodingInProcessAndOverTwoProcesses) {
+  SPECMESH_REQUIRE_REFDATA();
+  for (const std::string& model : all_models()) {
+    if (Model::load(model)->hparams().n_head_kv < 2) continue;
+    const std::vector<int32_t> want = plain(model);
+    for (const auto& [transport, tp_a, tp_b] :
+         std::vector<std::tuple<std::string, int, int>>{{"inproc", 2, 2}, {"inproc-one-node", 2, 1}, {"ipc", 2, 2}}) {
+      for (const std::string params : {"lambda = 0.0", "lambda = 10.0\nforce_miss = true"}) {
+        SCOPED_TRACE(model + " (" + transport + ", TP" + std::to_string(tp_a) + " + TP" + std::to_string(tp_b) + ", " + params + ")");
+        auto rt = Runtime::open(topology(model, transport, params, 0, tp_a, tp_b), opts(transport));
+        for (int k = 0; k < 2; ++k) {
+          GenerationResult r = run(*rt);
+          ASSERT_TRUE(r.ok()) << r.error;
+          EXPECT_EQ(r.ids, want) << "session " << k;
+          EXPECT_EQ(r.metrics.attention_checks, int64_t(kPredict - 1) * Model::load(model)->hparams().n_layer);
+        }
+      }
+    }
+  }
+}
+
+TEST(AlspecActors, TensorParallelGroupsTakeTheSequentialPairsSpeculations) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string model = refdata("gguf-models/stories-target-1M.gguf");
+  auto rt = Runtime::open(topology(model, "inproc", "lambda = 10.0", 0, 2, 2), opts("inproc"));
+  GenerationResult r = run(*rt);
+  ASSERT_TRUE(r.ok()) << r.error;
+  EXPECT_EQ(r.ids, sequential_pair(model, 10.0f));
+  EXPECT_GT(r.metrics.attention_hits, 0);
+}
+
+TEST(AlspecActors, TensorParallelStagesAreChecked) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string model = refdata("gguf-models/stories260K.gguf");
+  const std::string base = std::string("[run]\nmodel = \"m\"\nstrategy = \"alspec\"\n[run.roles]\nreceiver = \"m\"\n") +
+                           "[models.m]\npath = \"" + model + "\"\n[nodes.head]\nendpoint = \"inproc://tp-checks-" +
+                           std::to_string(::getpid()) + "\"\nhead = true\n[nodes.b]\nendpoint = \"inproc://tp-checks-b-" +
+                           std::to_string(::getpid()) + "\"\n[devices.a]\nnode = \"head\"\n[devices.a1]\nnode = \"head\"\n" +
+                           "[devices.a2]\nnode = \"head\"\n[devices.a3]\nnode = \"head\"\n[devices.a4]\nnode = \"head\"\n" +
+                           "[devices.a5]\nnode = \"head\"\n" +
+                           "[devices.b]\nnode = \"b\"\n";
+  auto expect_error = [&](const std::string& stages, const std::string& what) {
+    try {
+      Runtime rt(Topology::parse(base + stages, "t.toml", "/"));
+      ADD_FAILURE() << "accepted: " << stages;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  const std::string receiver = "[[stages]]\nrole = \"receiver\"\ndevice = \"a4\"\nfraction = 1.0\n";
+  expect_error("[[stages]]\nrole = \"target\"\ndevice = \"a\"\nfraction = 1.0\ntensor_parallel = [\"b\"]\n" + receiver,
+               "t.toml:31: stages[0].tensor_parallel: 'b' is on node 'b', not on the stage's node 'head'");
+  expect_error("[[stages]]\nrole = \"target\"\ndevice = \"a\"\nfraction = 1.0\ntensor_parallel = [\"x\"]\n" + receiver,
+               "stages[0].tensor_parallel: names no device in [devices]: 'x'");
+  expect_error("[[stages]]\nrole = \"target\"\ndevice = \"a\"\nfraction = 1.0\ntensor_parallel = [\"a1\", \"a1\"]\n" + receiver,
+               "'a1' is named twice in the stage");
+  // stories260K has 4 KV heads: five devices cannot each hold one.
+  expect_error("[[stages]]\nrole = \"target\"\ndevice = \"a\"\nfraction = 1.0\ntensor_parallel = [\"a1\", \"a2\", \"a3\", \"a5\"]\n" +
+                   receiver,
+               "t.toml:27: stages: tensor parallelism: 5 devices for 4 KV heads");
+  expect_error("[[stages]]\nrole = \"target\"\ndevice = \"a\"\nfraction = 1.0\ntensor_parallel = [\"a1\", \"a4\"]\n" + receiver,
+               "device \"a4\" already computes for role \"receiver\"");
+}
 
 TEST(AlspecActors, LambdaZeroAndForcedMissEqualPlainDecodingInProcess) {
   SPECMESH_REQUIRE_REFDATA();

@@ -49,6 +49,9 @@ struct StageSpec {
   std::string role;       // the pipeline it belongs to; empty: every role whose model is `model`
                           // and that has no stages tagged with its name
   std::string device;
+  // Further devices of a tensor-parallel stage, ranks 1.. (`device` is rank 0), on the same
+  // node: each computes its share of every layer (so far, the groups of strategy alspec).
+  std::vector<std::string> tensor_parallel;
   int layer_begin = -1;   // explicit range, or
   int layer_end = -1;
   double fraction = 0;    // a share of the model's layers, resolved by resolve_layers()

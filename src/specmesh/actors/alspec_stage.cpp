@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "specmesh/devices/device.hpp"
+#include "specmesh/model/tp_group.hpp"
 
 namespace specmesh {
 
@@ -62,15 +63,41 @@ class SyncInbox {
   std::map<std::tuple<uint64_t, SyncKind, int>, AttentionSync> box_;
 };
 
-// Everything the device jobs share; they run one at a time on the group's device.
-struct Group {
-  AlspecStageConfig cfg;
+// One tensor-parallel rank of a group: its context and device (rank 0 is the stage's device).
+struct Rank {
   std::shared_ptr<Context> ctx;
   std::unique_ptr<AlspecDevice> dev;
+  caf::actor device;
+  std::shared_ptr<Device> hw;
+  StageConfig stage;                    // the group's, with this rank's device
+  std::shared_ptr<StageStats> stats;    // rank 0: the group's; others count nothing
+};
+
+// Everything the device jobs share. A job (a run or a cache operation) goes to every rank's
+// device; the ranks take the group's jobs in order, each starting a job once all have left the
+// one before, and the last rank to leave a job reports how it ended.
+struct Group {
+  AlspecStageConfig cfg;
+  std::vector<Rank> ranks;
+  std::unique_ptr<TpExchange> exchange;  // two ranks or more
   SyncInbox inbox;
   CancelSet cancelled;
   std::atomic<bool> stopping{false};  // the actor is gone: a waiting step gives up
   std::shared_ptr<StageStats> stats;
+  uint64_t scheduled = 0;  // jobs handed to the ranks (the actor's count)
+
+  // Job order across the ranks' device threads.
+  std::mutex mu;
+  std::condition_variable turn;
+  uint64_t completed = 0;  // jobs every rank has left
+  int left = 0;            // ranks that have left job `completed`
+  std::vector<std::exception_ptr> errors;
+  bool skip = false;       // job `completed` was cancelled before it started (decided once)
+  bool decided = false;
+
+  Context& ctx() { return *ranks[0].ctx; }
+  AlspecDevice& dev() { return *ranks[0].dev; }
+  TpLink* link(int r) { return exchange ? &exchange->link(r) : nullptr; }
 };
 
 // The groups of one node, by pipeline. Two groups on one node (one Router) put their syncs
@@ -136,7 +163,7 @@ std::span<const float> floats(const Tensor& t, std::vector<float>& scratch) {
 Tensor f32_vector(std::span<const float> v) { return f32_vector(std::vector<float>(v.begin(), v.end())); }
 
 void send_logits(const Group& g, uint64_t run, std::vector<int32_t> rows, std::vector<float> logits) {
-  const int64_t n_vocab = g.ctx->model().hparams().n_vocab;
+  const int64_t n_vocab = g.cfg.stage.model->hparams().n_vocab;
   Logits l;
   l.pipeline = g.cfg.run_pipeline;
   l.rows = std::move(rows);
@@ -153,19 +180,37 @@ double saved_ms(const Group& g, int64_t context) {
   return 1e3 * std::max(0.0, profile->times->alspec_miss_layer(k) - profile->times->alspec_hit_layer(k));
 }
 
-// One decode token on this group, in lockstep with the partner.
-void step(Group& g, uint64_t run, const Batch& batch) {
-  AlspecDevice& dev = *g.dev;
+// Rank 0's value of a vector to every rank of the group (an all-gather in which only rank 0 has
+// a share). Without tensor parallelism, nothing to do.
+void broadcast(Group& g, int r, std::vector<float>& v, size_t n) {
+  TpLink* link = g.link(r);
+  if (!link) return;
+  std::vector<size_t> shares(g.ranks.size(), 0);
+  shares[0] = n;
+  std::vector<float> out(n);
+  link->all_gather(v.data(), 1, shares.data(), n, out.data());
+  v = std::move(out);
+}
+
+// One decode token on rank r of this group, in lockstep with the partner group's rank r and
+// with the other ranks of this group. Rank 0 talks to the partner and the head; the other ranks
+// get what it received through the group's exchange.
+void step(Group& g, int r, uint64_t run, const Batch& batch) {
+  Rank& rank = g.ranks[size_t(r)];
+  AlspecDevice& dev = *rank.dev;
   const StageConfig& sc = g.cfg.stage;
   const AlspecSettings& st = g.cfg.settings;
-  const int n_layer = g.ctx->model().hparams().n_layer;
+  const HParams& hp = rank.ctx->model().hparams();
+  const int n_layer = hp.n_layer;
   const int32_t pos = batch.pos[0];
+  const bool lead = r == 0;
+  TpLink* link = g.link(r);
   using Clock = std::chrono::steady_clock;
-  Device& hw = *sc.device_state;
+  Device& hw = *rank.hw;
   const bool per_op = hw.profile() && hw.profile()->times;
   // Without per-op timing the whole pass is priced as a plain forward pass on each group.
   const auto t_step = Clock::now();
-  const double whole = per_op ? 0.0 : hw.modelled_seconds(g.ctx->cost(batch));
+  const double whole = per_op ? 0.0 : hw.modelled_seconds(rank.ctx->cost(batch));
   // Waits, after an op's real compute since t0, until its modelled time has passed.
   auto pace = [&](Clock::time_point t0, LayerPart part, AttnMode mode, bool head = false) {
     if (!per_op) return;
@@ -180,7 +225,7 @@ void step(Group& g, uint64_t run, const Batch& batch) {
   };
   auto give_up = [&] { return g.stopping || g.cancelled.contains(run); };
   const std::shared_ptr<Group> local_peer =
-      g.cfg.peer_node == sc.self_node ? local_groups().find(sc.router.get(), g.cfg.peer_pipeline) : nullptr;
+      lead && g.cfg.peer_node == sc.self_node ? local_groups().find(sc.router.get(), g.cfg.peer_pipeline) : nullptr;
   auto send = [&](SyncKind kind, int layer, std::vector<Tensor> tensors) {
     AttentionSync s{g.cfg.peer_pipeline, kind, layer, pos, dev.gate().priority(), std::move(tensors), 0};
     if (local_peer) return local_peer->inbox.put(run, std::move(s));
@@ -193,15 +238,39 @@ void step(Group& g, uint64_t run, const Batch& batch) {
   // layer instead of two.
   bool sent_last = false, received_last = false;
   auto gather = [&](int layer) {
-    if (!received_last) send(SyncKind::priority, layer, {});
-    const int other = sent_last ? AlspecGate::kReceiver
-                                : g.inbox.take(run, SyncKind::priority, layer, g.cfg.peer_timeout, give_up).priority;
+    int other = AlspecGate::kReceiver;
+    if (!sent_last) {
+      std::vector<float> p(1, 0.0f);
+      if (lead) {
+        if (!received_last) send(SyncKind::priority, layer, {});
+        p[0] = float(g.inbox.take(run, SyncKind::priority, layer, g.cfg.peer_timeout, give_up).priority);
+      }
+      broadcast(g, r, p, 1);
+      other = int(p[0]);
+    } else if (lead && !received_last) {
+      send(SyncKind::priority, layer, {});
+    }
     dev.gather(other);
     sent_last = received_last = false;
     return other;
   };
+  // This rank's columns of a whole K/V row or attention output, and the whole from every rank's.
+  const RowRange heads = rank.ctx->kv_heads();
+  const size_t D = size_t(hp.head_dim), group = size_t(hp.n_head / hp.n_head_kv);
+  const size_t E = size_t(hp.n_embd), KV = size_t(hp.kv_dim()), Q = size_t(hp.q_dim());
+  std::vector<size_t> kv_shares, q_shares;
+  for (int k = 0; k < int(g.ranks.size()); ++k) {
+    kv_shares.push_back(tp_kv_heads(hp.n_head_kv, {k, int(g.ranks.size())}).size() * D);
+    q_shares.push_back(kv_shares.back() * group);
+  }
+  auto whole_of = [&](std::span<const float> mine, const std::vector<size_t>& shares, size_t total) {
+    if (!link) return std::vector<float>(mine.begin(), mine.end());
+    std::vector<float> out(total);
+    link->all_gather(mine.data(), 1, shares.data(), total, out.data());
+    return out;
+  };
 
-  g.inbox.forget_before(run);
+  if (lead) g.inbox.forget_before(run);
   dev.begin(batch);
   std::vector<uint8_t> hits(n_layer, 0);
   int received_at = -1;  // the layer this group last received at: its verdict shows at the next gather
@@ -215,10 +284,16 @@ void step(Group& g, uint64_t run, const Batch& batch) {
       const auto t0 = Clock::now();
       // The hand-off leaves as soon as the sink + window output is ready, while this group
       // still computes the middle of the full attention: that is the overlap. On modelled
-      // hardware the speculated output is ready at SFD_R, the full one at SFD_S.
+      // hardware the speculated output is ready at SFD_R, the full one at SFD_S. A
+      // tensor-parallel group first gathers its ranks' K/V rows and speculative outputs: the
+      // message carries whole rows, whatever the groups' sizes.
       dev.attend(il, [&](const AlspecHandoff& h) {
         pace(t0, LayerPart::attention, AttnMode::spec_receiver);
-        send(SyncKind::handoff, il, {f32_vector(h.residual), f32_vector(h.k), f32_vector(h.v), f32_vector(h.spec)});
+        std::vector<float> k = whole_of(h.k, kv_shares, KV), v = whole_of(h.v, kv_shares, KV),
+                           spec = whole_of(h.spec, q_shares, Q);
+        if (lead)
+          send(SyncKind::handoff, il,
+               {f32_vector(h.residual), f32_vector(std::move(k)), f32_vector(std::move(v)), f32_vector(std::move(spec))});
       });
       pace(t0, LayerPart::attention, AttnMode::spec_sender);
       const bool hit = !st.force_miss &&
@@ -229,11 +304,35 @@ void step(Group& g, uint64_t run, const Batch& batch) {
       hits[il] = hit;
       sent_last = true;
     } else {
-      const AttentionSync m = g.inbox.take(run, SyncKind::handoff, il, g.cfg.peer_timeout, give_up);
+      if (!link) {  // one device: the message's vectors, viewed where aligned
+        const AttentionSync m = g.inbox.take(run, SyncKind::handoff, il, g.cfg.peer_timeout, give_up);
+        const auto t0 = Clock::now();
+        std::vector<float> scratch[4];
+        dev.receive(il, {floats(m.tensors[0], scratch[0]), floats(m.tensors[1], scratch[1]),
+                         floats(m.tensors[2], scratch[2]), floats(m.tensors[3], scratch[3])});
+        pace(t0, LayerPart::rest, AttnMode::flash);
+        received_at = il;
+        received_last = true;
+        continue;
+      }
+      // Rank 0 takes the hand-off; every rank gets it whole and takes its heads' columns.
+      std::vector<float> packed;
+      if (lead) {
+        const AttentionSync m = g.inbox.take(run, SyncKind::handoff, il, g.cfg.peer_timeout, give_up);
+        const size_t want[4] = {E, KV, KV, Q};
+        for (size_t t = 0; t < 4; ++t) {
+          const std::vector<float> part = m.tensors[t].data.to_vector<float>();
+          if (part.size() != want[t])
+            throw std::invalid_argument("ALSpec: the hand-off does not match the model's dimensions");
+          packed.insert(packed.end(), part.begin(), part.end());
+        }
+      }
+      packed.resize(E + 2 * KV + Q);
+      broadcast(g, r, packed, packed.size());
       const auto t0 = Clock::now();
-      std::vector<float> scratch[4];
-      dev.receive(il, {floats(m.tensors[0], scratch[0]), floats(m.tensors[1], scratch[1]), floats(m.tensors[2], scratch[2]),
-                       floats(m.tensors[3], scratch[3])});
+      const float* base = packed.data();
+      const size_t kv0 = heads.begin * D, kv_n = heads.size() * D;
+      dev.receive(il, {{base, E}, {base + E + kv0, kv_n}, {base + E + KV + kv0, kv_n}, {base + E + 2 * KV + kv0 * group, kv_n * group}});
       pace(t0, LayerPart::rest, AttnMode::flash);
       received_at = il;
       received_last = true;
@@ -246,63 +345,132 @@ void step(Group& g, uint64_t run, const Batch& batch) {
   }
   int n_hits = 0;
   for (uint8_t h : hits) n_hits += h;
-  AttentionSync report{g.cfg.run_pipeline, SyncKind::report, n_layer, pos, dev.gate().priority(),
-                       {Tensor::from(WireDType::u8, {int64_t(n_layer)}, std::move(hits))},
-                       n_hits * saved_ms(g, int64_t(pos) + 1)};
-  sc.router->send(sc.head_node, make_envelope(run, std::move(report)));
+  if (lead) {
+    AttentionSync report{g.cfg.run_pipeline, SyncKind::report, n_layer, pos, dev.gate().priority(),
+                         {Tensor::from(WireDType::u8, {int64_t(n_layer)}, std::move(hits))},
+                         n_hits * saved_ms(g, int64_t(pos) + 1)};
+    sc.router->send(sc.head_node, make_envelope(run, std::move(report)));
+  }
   const auto t0 = Clock::now();
   std::vector<float> logits = dev.output();
   pace(t0, LayerPart::whole, AttnMode::flash, true);
   hw.pace(t_step, whole);
+  if (!lead) return;
   send_logits(g, run, {0}, std::move(logits));
   g.stats->layers_computed += n_layer;
 }
 
-// `place` is the run's admission: held by the job until it is done or dropped.
-void schedule_run(const std::shared_ptr<Group>& g, uint64_t run, RunStart meta, RunAdmission::PlacePtr place) {
-  auto job = std::make_shared<DeviceJob>();
-  job->run = [g, run, meta = std::move(meta), place = std::move(place)](ThreadPool&) -> WorkCost {
-    if (g->cancelled.contains(run)) {
-      ++g->stats->runs_cancelled;
+// Runs `work(rank)` as job number `job` of the group on every rank's device. A rank starts it
+// once every rank has left the job before; the last to leave reports how it ended (`on_error`
+// with the first failure that is not a consequence of another rank's) and makes the exchange
+// usable again. `place` (the admission) is held until then.
+void schedule(const std::shared_ptr<Group>& g, uint64_t run, std::function<void(int)> work,
+              std::function<void(const std::exception_ptr&)> on_error, RunAdmission::PlacePtr place) {
+  const uint64_t job_no = g->scheduled++;
+  auto shared = std::make_shared<std::function<void(int)>>(std::move(work));
+  auto failed = std::make_shared<std::function<void(const std::exception_ptr&)>>(std::move(on_error));
+  const int n = int(g->ranks.size());
+  for (int r = 0; r < n; ++r) {
+    auto job = std::make_shared<DeviceJob>();
+    job->run = [g, r, n, job_no, run, shared, failed, place](ThreadPool&) -> WorkCost {
+      bool skip;
+      {
+        std::unique_lock lk(g->mu);
+        g->turn.wait(lk, [&] { return g->completed == job_no; });
+        // Cancelled before it started: decided once, by the first rank, for every rank.
+        if (!g->decided) {
+          g->decided = true;
+          g->skip = g->cancelled.contains(run);
+          g->errors.assign(size_t(n), nullptr);
+        }
+        skip = g->skip;
+      }
+      std::exception_ptr err;
+      if (!skip) {
+        try {
+          (*shared)(r);
+        } catch (...) {
+          err = std::current_exception();
+          if (g->exchange) g->exchange->fail();  // the other ranks stop waiting for this one
+        }
+      }
+      std::unique_lock lk(g->mu);
+      g->errors[size_t(r)] = err;
+      if (++g->left < n) return {};
+      // The last rank out: the job is over on every rank.
+      std::exception_ptr cause, broken;
+      for (const std::exception_ptr& e : g->errors) {
+        if (!e) continue;
+        try {
+          std::rethrow_exception(e);
+        } catch (const TpGroupBroken&) {
+          if (!broken) broken = e;
+        } catch (...) {
+          if (!cause) cause = e;
+        }
+      }
+      if (g->exchange && (cause || broken)) g->exchange->reset();
+      if (skip) ++g->stats->runs_cancelled;
+      if (cause || broken) (*failed)(cause ? cause : broken);
+      g->left = 0;
+      g->decided = false;
+      ++g->completed;
+      lk.unlock();
+      g->turn.notify_all();
       return {};
-    }
+    };
+    caf::anon_send(g->ranks[size_t(r)].device, compute_atom::value, std::move(job));
+  }
+}
+
+void schedule_run(const std::shared_ptr<Group>& g, uint64_t run, RunStart meta, RunAdmission::PlacePtr place) {
+  auto batch = std::make_shared<Batch>(to_batch(meta));
+  auto work = [g, run, batch](int r) {
+    Rank& rank = g->ranks[size_t(r)];
     try {
-      Batch batch = to_batch(meta);
-      if (batch.size() == 1 && !batch.is_tree() && batch.logits[0]) {
-        step(*g, run, batch);
+      if (batch->size() == 1 && !batch->is_tree() && batch->logits[0]) {
+        step(*g, r, run, *batch);
       } else {
         // A prompt chunk: both groups compute it in full, as a plain stage would; the current
         // sender answers.
-        ForwardOutput out = paced_forward(*g->ctx, g->cfg.stage, g->cancelled, *g->stats, run, batch);
-        if (g->dev->is_sender()) send_logits(*g, run, out.rows, std::move(out.logits));
+        ForwardOutput out = paced_forward(*rank.ctx, rank.stage, g->cancelled, *rank.stats, run, *batch);
+        if (r == 0 && rank.dev->is_sender()) send_logits(*g, run, out.rows, std::move(out.logits));
       }
-      ++g->stats->runs;
-    } catch (const ForwardCancelled&) {
-      g->dev->abort();
-      ++g->stats->runs_cancelled;
-    } catch (const std::exception& e) {
-      g->dev->abort();
-      report_error(g->cfg.stage, run, e.what());
+      if (r == 0) ++g->stats->runs;
+    } catch (...) {
+      rank.dev->abort();
+      throw;
     }
-    return {};
   };
-  caf::anon_send(g->cfg.stage.device, compute_atom::value, std::move(job));
+  auto failed = [g, run](const std::exception_ptr& e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const ForwardCancelled&) {
+      ++g->stats->runs_cancelled;
+    } catch (const std::exception& x) {
+      report_error(g->cfg.stage, run, x.what());
+    }
+  };
+  schedule(g, run, std::move(work), std::move(failed), std::move(place));
 }
 
 void schedule_kv_ops(const std::shared_ptr<Group>& g, uint64_t run, KvCacheOp ops, RunAdmission::PlacePtr place) {
-  auto job = std::make_shared<DeviceJob>();
-  job->run = [g, run, ops = std::move(ops), place = std::move(place)](ThreadPool&) -> WorkCost {
-    try {
-      apply_kv_ops(*g->ctx, ops.ops);
-      // An emptied cache starts a new session: both groups go back to the first priorities.
-      for (const KvOp& op : ops.ops)
-        if (op.kind == KvOpKind::remove && op.seq < 0 && op.pos_begin < 0 && op.pos_end < 0) g->dev->reset();
-    } catch (const std::exception& e) {
-      report_error(g->cfg.stage, run, std::string("KV-cache operation failed: ") + e.what());
-    }
-    return {};
+  auto shared_ops = std::make_shared<KvCacheOp>(std::move(ops));
+  auto work = [g, shared_ops](int r) {
+    Rank& rank = g->ranks[size_t(r)];
+    apply_kv_ops(*rank.ctx, shared_ops->ops);
+    // An emptied cache starts a new session: both groups go back to the first priorities.
+    for (const KvOp& op : shared_ops->ops)
+      if (op.kind == KvOpKind::remove && op.seq < 0 && op.pos_begin < 0 && op.pos_end < 0) rank.dev->reset();
   };
-  caf::anon_send(g->cfg.stage.device, compute_atom::value, std::move(job));
+  auto failed = [g, run](const std::exception_ptr& e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      report_error(g->cfg.stage, run, std::string("KV-cache operation failed: ") + x.what());
+    }
+  };
+  schedule(g, run, std::move(work), std::move(failed), std::move(place));
 }
 
 // Runs and cache operations are admitted (admission.hpp) or refused on arrival, before group 0
@@ -360,18 +528,38 @@ caf::actor spawn_alspec_stage(caf::actor_system& sys, AlspecStageConfig cfg, std
   auto g = std::make_shared<Group>();
   g->cfg = std::move(cfg);
   g->stats = std::move(stats);
-  // Plain attention uses the speculative kernel's layout, so a rejected speculation leaves
-  // what plain decoding computes.
-  ContextParams cp = g->cfg.stage.context;
-  cp.attention_layout = g->cfg.settings.spec.layout;
-  g->ctx = std::make_shared<Context>(*g->cfg.stage.model, cp, &g->cfg.stage.device_state->pool());
-  g->dev = std::make_unique<AlspecDevice>(*g->ctx, g->cfg.self, g->cfg.settings.spec);
+  const AlspecStageConfig& c = g->cfg;
+  const int n = 1 + int(c.tp_devices.size());
+  if (c.tp_device_states.size() != c.tp_devices.size())
+    throw std::invalid_argument("an ALSpec group's tensor-parallel devices and their states differ in number");
+  check_tp_shard({0, n}, c.stage.model->hparams().n_head_kv);
+  if (n > 1) g->exchange = std::make_unique<TpExchange>(n);
+  for (int r = 0; r < n; ++r) {
+    Rank rank;
+    rank.stage = c.stage;
+    if (r > 0) {
+      rank.stage.device = c.tp_devices[size_t(r - 1)];
+      rank.stage.device_state = c.tp_device_states[size_t(r - 1)];
+    }
+    rank.device = rank.stage.device;
+    rank.hw = rank.stage.device_state;
+    rank.stats = r == 0 ? g->stats : std::make_shared<StageStats>();
+    // Plain attention uses the speculative kernel's layout, so a rejected speculation leaves
+    // what plain decoding computes.
+    ContextParams cp = c.stage.context;
+    cp.attention_layout = c.settings.spec.layout;
+    cp.tp = {r, n};
+    cp.tp_link = g->link(r);
+    rank.ctx = std::make_shared<Context>(*c.stage.model, cp, &rank.hw->pool());
+    rank.dev = std::make_unique<AlspecDevice>(*rank.ctx, c.self, c.settings.spec);
+    g->ranks.push_back(std::move(rank));
+  }
   local_groups().add(g->cfg.stage.router.get(), g->cfg.stage.pipeline, g);
   return sys.spawn([g, admission](caf::stateful_actor<PairState>* self) -> caf::behavior {
     auto& ps = self->state;
     ps.g = g;
     ps.admission = admission;
-    ps.n_cells = g->ctx->kv().n_cells();
+    ps.n_cells = g->ctx().kv().n_cells();
     return {
         [self](const std::string& from, const Envelope& env) {
           auto& ps = self->state;

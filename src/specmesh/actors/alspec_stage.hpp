@@ -42,12 +42,19 @@ struct AlspecStageConfig {
   // How long a step waits for the partner before it reports an error (a partner that dies
   // is also reported to the head by the gateway, usually sooner).
   std::chrono::milliseconds peer_timeout{10000};
+  // A tensor-parallel group: the devices of ranks 1.. (rank 0 is the stage's device), on this
+  // node; rank r exchanges its shares with the group's other ranks (model/tp_group.hpp) and
+  // its heads' rows with rank r of the partner's group, through this group's messages, which
+  // carry whole rows. Both groups may differ in size.
+  std::vector<caf::actor> tp_devices;
+  std::vector<std::shared_ptr<Device>> tp_device_states;
 };
 
 // Takes (from, Envelope) messages carrying RunStart, KvCacheOp, Cancel or AttentionSync; runs
 // and cache operations it cannot take are refused on arrival as a plain stage does
 // (admission.hpp, StageConfig::max_runs_per_sender).
-// Throws std::invalid_argument when the stage does not hold every layer or asks for taps.
+// Throws std::invalid_argument when the stage does not hold every layer or asks for taps, or its
+// group cannot be split over its devices.
 caf::actor spawn_alspec_stage(caf::actor_system& sys, AlspecStageConfig cfg, std::shared_ptr<StageStats> stats);
 
 }  // namespace specmesh

@@ -116,8 +116,13 @@ WorkCost Context::cost(const Batch& batch) const {
   int outputs = 0;
   for (uint8_t l : batch.logits) outputs += l;
   // Keys each query reads, at most.
-  return forward_cost(model_, begin_, end_, int(batch.size()), int64_t(kv_.used()) + int64_t(batch.size()), outputs,
-                      kv_.type());
+  WorkCost c = forward_cost(model_, begin_, end_, int(batch.size()), int64_t(kv_.used()) + int64_t(batch.size()),
+                            outputs, kv_.type());
+  // A tensor-parallel rank does its share of the matrices and heads (the norms and the
+  // embedding row, which every rank repeats, are small beside them).
+  c.bytes /= tp_.size;
+  c.flops /= tp_.size;
+  return c;
 }
 
 }  // namespace specmesh

@@ -11,20 +11,11 @@
 
 namespace specmesh {
 
-namespace {
-
-// Thrown in the ranks still waiting when another rank failed.
-struct GroupBroken : std::runtime_error {
-  GroupBroken() : std::runtime_error("tensor-parallel group: another rank failed") {}
-};
-
-}  // namespace
-
 // The ranks' meeting point: a reusable barrier that a failing rank can break, and each rank's
 // buffer for the exchange in progress. A rank reads the others' buffers between two barriers,
 // so none is changed or freed while it is read.
-struct TpGroup::Exchange {
-  explicit Exchange(int n) : n(n), parts(size_t(n)) {}
+struct TpExchange::State {
+  explicit State(int n) : n(n), parts(size_t(n)) {}
   const int n;
   std::vector<const float*> parts;
   std::mutex mu;
@@ -35,7 +26,7 @@ struct TpGroup::Exchange {
 
   void wait() {
     std::unique_lock lock(mu);
-    if (broken) throw GroupBroken();
+    if (broken) throw TpGroupBroken();
     const uint64_t gen = generation;
     if (++arrived == n) {
       arrived = 0;
@@ -44,7 +35,7 @@ struct TpGroup::Exchange {
       return;
     }
     cv.wait(lock, [&] { return generation != gen || broken; });
-    if (generation == gen) throw GroupBroken();
+    if (generation == gen) throw TpGroupBroken();
   }
   void fail() {
     std::lock_guard lock(mu);
@@ -58,9 +49,9 @@ struct TpGroup::Exchange {
   }
 };
 
-class TpGroup::Link final : public TpLink {
+class TpExchange::Link final : public TpLink {
  public:
-  Link(Exchange& ex, TpShard shard) : ex_(ex), shard_(shard) {}
+  Link(State& ex, TpShard shard) : ex_(ex), shard_(shard) {}
   TpShard shard() const override { return shard_; }
 
   void all_gather(const float* mine, size_t rows, const size_t* shares, size_t total, float* out) override {
@@ -88,10 +79,19 @@ class TpGroup::Link final : public TpLink {
   }
 
  private:
-  Exchange& ex_;
+  State& ex_;
   TpShard shard_;
   std::vector<float> sum_;
 };
+
+TpExchange::TpExchange(int n) : state_(std::make_unique<State>(n)) {
+  for (int r = 0; r < n; ++r) links_.push_back(std::make_unique<Link>(*state_, TpShard{r, n}));
+}
+TpExchange::~TpExchange() = default;
+int TpExchange::size() const { return state_->n; }
+TpLink& TpExchange::link(int rank) { return *links_.at(size_t(rank)); }
+void TpExchange::fail() { state_->fail(); }
+void TpExchange::reset() { state_->reset(); }
 
 // Ranks 1..n-1 each on a thread that lives as long as the group, so a decode step's several
 // runs start no threads.
@@ -170,13 +170,11 @@ class TpGroup::Workers {
 
 TpGroup::TpGroup(const Model& model, ContextParams params, int n) {
   check_tp_shard({0, n}, model.hparams().n_head_kv);
-  exchange_ = std::make_unique<Exchange>(n);
+  exchange_ = std::make_unique<TpExchange>(n);
   for (int r = 0; r < n; ++r) {
-    const TpShard shard{r, n};
-    links_.push_back(std::make_unique<Link>(*exchange_, shard));
     ContextParams p = params;
-    p.tp = shard;
-    p.tp_link = n > 1 ? links_.back().get() : nullptr;
+    p.tp = {r, n};
+    p.tp_link = n > 1 ? &exchange_->link(r) : nullptr;
     ctx_.push_back(std::make_unique<Context>(model, p));
   }
   workers_ = std::make_unique<Workers>(n);
@@ -192,7 +190,7 @@ void TpGroup::run(const std::function<void(int)>& fn) {
     if (!e) continue;
     try {
       std::rethrow_exception(e);
-    } catch (const GroupBroken&) {
+    } catch (const TpGroupBroken&) {
       if (!broken) broken = e;
     } catch (...) {
       if (!first) first = e;

@@ -8,11 +8,38 @@
 
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "specmesh/model/context.hpp"
 
 namespace specmesh {
+
+// What a rank waiting in an exchange throws when another rank failed.
+struct TpGroupBroken : std::runtime_error {
+  TpGroupBroken() : std::runtime_error("tensor-parallel group: another rank failed") {}
+};
+
+// The exchange of a group whose ranks run on threads of one process: each rank's TpLink, and a
+// way out when a rank fails. Ranks of a group may run on any threads (TpGroup's, or device
+// actors'), one each.
+class TpExchange {
+ public:
+  explicit TpExchange(int n);
+  ~TpExchange();
+  int size() const;
+  TpLink& link(int rank);
+  // A rank failed: every rank waiting in an exchange, or entering one, throws instead.
+  void fail();
+  // Usable again; call once no rank is inside an exchange.
+  void reset();
+
+ private:
+  struct State;
+  class Link;
+  std::unique_ptr<State> state_;
+  std::vector<std::unique_ptr<Link>> links_;
+};
 
 class TpGroup {
  public:
@@ -35,11 +62,8 @@ class TpGroup {
   ForwardOutput forward(const Batch& batch, const float* hidden_in = nullptr);
 
  private:
-  struct Exchange;
-  class Link;
   class Workers;
-  std::unique_ptr<Exchange> exchange_;
-  std::vector<std::unique_ptr<Link>> links_;
+  std::unique_ptr<TpExchange> exchange_;
   std::vector<std::unique_ptr<Context>> ctx_;
   std::unique_ptr<Workers> workers_;
 };

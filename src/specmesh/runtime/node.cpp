@@ -1,6 +1,7 @@
 #include "specmesh/runtime/node.hpp"
 
 #include <algorithm>
+#include <set>
 #include <filesystem>
 #include <thread>
 
@@ -141,6 +142,16 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
       throw ConfigError(topo.path + ": roles \"" + kTargetRole + "\" and \"" + pair_role +
                         "\" speculate on each other's attention and need devices of their own (both use \"" +
                         target[0]->device + "\")");
+    std::set<std::string> used{target[0]->device};
+    used.insert(target[0]->tensor_parallel.begin(), target[0]->tensor_parallel.end());
+    for (const std::string& d : partner[0]->tensor_parallel)
+      if (used.count(d))
+        throw ConfigError(topo.path + ":" + std::to_string(partner[0]->line) + ": stages: tensor_parallel: device \"" +
+                          d + "\" already computes for role \"" + kTargetRole + "\"");
+    for (const std::string& d : target[0]->tensor_parallel)
+      if (d == partner[0]->device)
+        throw ConfigError(topo.path + ":" + std::to_string(target[0]->line) + ": stages: tensor_parallel: device \"" +
+                          d + "\" already computes for role \"" + pair_role + "\"");
   }
 
   // Block drafting: the drafter's role is one DFlash stage, fed by the target's stages' taps.
@@ -187,8 +198,19 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
         pc.peer_pipeline = group == 0 ? pair_role : kTargetRole;
         pc.peer_node = topo.node_of_device(topo.stages_of(pc.peer_pipeline)[0]->device).name;
         pc.settings = strat->pair_settings(strat->resolve(topo.run.params));
-        a = spawn_alspec_stage(sys, pc, stats);
+        for (const std::string& d : s.tensor_parallel) {
+          pc.tp_devices.push_back(device_actors.at(d));
+          pc.tp_device_states.push_back(devices_.at(d));
+        }
+        try {
+          a = spawn_alspec_stage(sys, pc, stats);
+        } catch (const std::invalid_argument& e) {
+          throw ConfigError(topo.path + ":" + std::to_string(s.line) + ": stages: " + e.what());
+        }
       } else {
+        if (!s.tensor_parallel.empty())
+          throw ConfigError(topo.path + ":" + std::to_string(s.line) + ": stages: tensor_parallel: only the groups of "
+                            "strategy alspec split a stage over several devices so far (this stage runs role \"" + role + "\")");
         a = spawn_stage(sys, sc, stats);
       }
       actors_.push_back(a);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cmath>
@@ -328,7 +329,7 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
     for (size_t i = 0; i < arr->size(); ++i) {
       const std::string pre = "stages[" + std::to_string(i) + "].";
       const auto& m = table_at(e, *arr->get(i), pre);
-      check_keys(e, m, pre, {"model", "role", "device", "layers", "fraction"});
+      check_keys(e, m, pre, {"model", "role", "device", "layers", "fraction", "tensor_parallel"});
       StageSpec s;
       s.line = m.source().begin.line;
       s.role = get<std::string>(e, m, pre, "role", "");
@@ -343,6 +344,24 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
       if (!t.devices.count(s.device)) e.fail(m.get("device"), pre + "device", "names no device in [devices]: '" + s.device + "'");
       if (t.devices.at(s.device).standby)
         e.fail(m.get("device"), pre + "device", "'" + s.device + "' is a standby device: it takes stages only on failover");
+      if (const toml::node* tp = m.get("tensor_parallel")) {
+        const toml::array* ta = tp->as_array();
+        const std::string key = pre + "tensor_parallel";
+        if (!ta || ta->empty()) e.fail(tp, key, "expected a list of the further devices' names");
+        for (size_t k = 0; k < ta->size(); ++k) {
+          const auto* name = ta->get(k)->as_string();
+          if (!name) e.fail(ta->get(k), key, "expected device names (strings)");
+          const std::string d = name->get();
+          if (!t.devices.count(d)) e.fail(ta->get(k), key, "names no device in [devices]: '" + d + "'");
+          if (t.devices.at(d).standby) e.fail(ta->get(k), key, "'" + d + "' is a standby device");
+          if (t.devices.at(d).node != t.devices.at(s.device).node)
+            e.fail(ta->get(k), key, "'" + d + "' is on node '" + t.devices.at(d).node + "', not on the stage's node '" +
+                                        t.devices.at(s.device).node + "'");
+          if (d == s.device || std::count(s.tensor_parallel.begin(), s.tensor_parallel.end(), d))
+            e.fail(ta->get(k), key, "'" + d + "' is named twice in the stage");
+          s.tensor_parallel.push_back(d);
+        }
+      }
       if (const toml::node* l = m.get("layers")) {
         const toml::array* la = l->as_array();
         const std::string expected = "expected [first, end) as two integers";
@@ -430,7 +449,7 @@ void Topology::check() {
       for (const auto& [dn, d] : devices)
         if (!d.standby) { dev = dn; break; }
     if (dev.empty()) fail("devices", "every device is a standby: role '" + role + "' has nowhere to run");
-    stages.push_back({model, role, dev, -1, -1, 1.0, 0});
+    stages.push_back({model, role, dev, {}, -1, -1, 1.0, 0});
   }
 }
 
@@ -445,14 +464,14 @@ Topology Topology::single_process(const ModelSpec& target, const std::map<std::s
   t.models[kTargetRole].name = kTargetRole;
   t.run.model = kTargetRole;
   t.devices[kTargetRole] = {kTargetRole, "local", std::max(1, threads), std::nullopt};
-  t.stages.push_back({kTargetRole, kTargetRole, kTargetRole, -1, -1, 1.0, 0});
+  t.stages.push_back({kTargetRole, kTargetRole, kTargetRole, {}, -1, -1, 1.0, 0});
   for (const auto& [role, spec] : roles) {
     t.models[role] = spec;
     t.models[role].name = role;
     if (role == "draft") t.run.draft = role;
     else t.run.roles[role] = role;
     t.devices[role] = {role, "local", 1, std::nullopt};
-    t.stages.push_back({role, role, role, -1, -1, 1.0, 0});
+    t.stages.push_back({role, role, role, {}, -1, -1, 1.0, 0});
   }
   return t;
 }
