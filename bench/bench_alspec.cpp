@@ -7,9 +7,11 @@
 // per token. Two tables:
 //   Table 3: plain decoding on one h100-tp4 device against alspec on two, at 65 % hits
 //            (21 of 32 layers; the paper's projection counts 20.8).
-//   N150:    alspec on two n300x2 devices (SP + TP4: each 4-chip group is one device with the
-//            TP4 timing; real tensor parallelism is not built) against plain decoding on one
-//            t3k device (TP8), at 16, 20, 24, 28 hits of 32 (50 to 87.5 %).
+//   N150:    alspec on two 4-chip groups (SP + TP4 on 8 chips: each group a tensor-parallel
+//            stage over 4 device actors, every chip paced to the n300x2 profile's TP4 timing,
+//            the ranks exchanging their shares each layer; `--tp-ranks 1`: each group one
+//            device with that timing) against plain decoding on one t3k device (TP8), at 16,
+//            20, 24, 28 hits of 32 (50 to 87.5 %).
 // Each is compared with Appendix F's closed form on the same profile numbers. Every modelled
 // time is stretched by a dilation factor and the measured times divided by it, so the actor
 // messages between layers (about 0.1 ms on this machine, against H100 layers of 0.1 ms) weigh
@@ -27,7 +29,7 @@
 // sends its hand-off as soon as the sink + window output is ready, so the receiver's rest of
 // the layer overlaps the middle of the sender's attention.
 //
-// Usage: bench_alspec [--tokens N] [--dilate F] [--csv FILE]
+// Usage: bench_alspec [--tokens N] [--dilate F] [--csv FILE] [--tp-ranks 4]
 //        bench_alspec --cpu [--context 3072] [--tokens 64] [--lambda 2] [--hits 0.8] [--rounds 5]
 //                           [--embd 1024] [--heads 8] [--ff 2816] [--layers 5] [--type q8_0]
 #include <algorithm>
@@ -85,7 +87,8 @@ const StrategyInfo& pair_strategy() {
 // and both groups on one node: their messages go through the router and the actors, not
 // through a second gateway's sockets and I/O thread (which a 2-core machine starves while both
 // devices compute).
-std::string topology_text(const std::string& model, bool pair, const std::string& params, int threads) {
+// ranks > 1: each group of the pair is a tensor-parallel stage over that many devices.
+std::string topology_text(const std::string& model, bool pair, const std::string& params, int threads, int ranks = 1) {
   static int n = 0;
   const std::string id = std::to_string(::getpid()) + "-" + std::to_string(n++);
   const StrategyInfo& s = pair ? pair_strategy() : default_strategy({kTargetRole});
@@ -95,10 +98,21 @@ std::string topology_text(const std::string& model, bool pair, const std::string
                   "[nodes.a]\nendpoint = \"inproc://bench-alspec-" + id + "-a\"\n" +
                   "[devices.ga]\nnode = \"a\"\nthreads = " + std::to_string(threads) + "\n" +
                   "[[stages]]\nrole = \"target\"\ndevice = \"ga\"\nfraction = 1.0\n";
-  if (pair)
-    t += "[run.params]\n" + params + "\n[run.roles]\n" + s.pair_role + " = \"m\"\n" +
-         "[devices.gb]\nnode = \"a\"\nthreads = " + std::to_string(threads) + "\n" +
-         "[[stages]]\nrole = \"" + s.pair_role + "\"\ndevice = \"gb\"\nfraction = 1.0\n";
+  auto further = [&](const std::string& g) {
+    std::string devices, list;
+    for (int r = 1; r < ranks; ++r) {
+      devices += "[devices." + g + std::to_string(r) + "]\nnode = \"a\"\nthreads = " + std::to_string(threads) + "\n";
+      list += (list.empty() ? "\"" : ", \"") + g + std::to_string(r) + "\"";
+    }
+    return std::make_pair(devices, ranks > 1 ? "tensor_parallel = [" + list + "]\n" : std::string());
+  };
+  if (pair) {
+    const auto [da, ta] = further("ga");
+    const auto [db, tb] = further("gb");
+    t += ta + da + "[run.params]\n" + params + "\n[run.roles]\n" + s.pair_role + " = \"m\"\n" +
+         "[devices.gb]\nnode = \"a\"\nthreads = " + std::to_string(threads) + "\n" + db +
+         "[[stages]]\nrole = \"" + s.pair_role + "\"\ndevice = \"gb\"\nfraction = 1.0\n" + tb;
+  }
   return t;
 }
 
@@ -128,10 +142,10 @@ Measured measure(Topology topo, const std::string& prompt, int tokens) {
 }
 
 Measured emulate(const std::string& model, const std::string& profile, int64_t context, double rate, double dilate,
-                 int tokens) {
+                 int tokens, int ranks = 1) {
   const bool pair = rate >= 0;
   const std::string params = "window = 8\nemulate_hit_rate = " + std::to_string(rate);
-  Topology t = Topology::parse(topology_text(model, pair, params, 1), "bench", "/");
+  Topology t = Topology::parse(topology_text(model, pair, params, 1, ranks), "bench", "/");
   for (auto& [name, d] : t.devices) d.profile = emulated(profile, context, dilate);
   Measured m = measure(std::move(t), "Once upon a time", tokens);
   m.token_s /= dilate;
@@ -150,7 +164,7 @@ std::string paper(double tok_s) {
   return b;
 }
 
-int run_emulation(int tokens, double dilate_h100, double dilate_n150, const std::string& csv) {
+int run_emulation(int tokens, double dilate_h100, double dilate_n150, const std::string& csv, int tp_ranks) {
   SyntheticSpec s = *synthetic_preset("tiny-llama");
   s.n_layer = kLayers;
   s.n_ctx = 256;
@@ -164,7 +178,11 @@ int run_emulation(int tokens, double dilate_h100, double dilate_n150, const std:
               "20.8; the formula column uses 21).\n");
   std::printf("Table 3 prints no fixed per-token time: the h100-tp4 profile derives it per row from the 4xH100 "
               "column (1/tok_s - 32 x layer).\n");
-  std::printf("N150 SP+TP4 runs each 4-chip group as one device with the TP4 timing (no real tensor parallelism).\n\n");
+  if (tp_ranks > 1)
+    std::printf("N150 SP+TP4 runs each 4-chip group as a tensor-parallel stage over %d device actors (each chip one "
+                "device, paced to the TP4 per-chip timing; the ranks exchange their shares every layer).\n\n", tp_ranks);
+  else
+    std::printf("N150 SP+TP4 runs each 4-chip group as one device with the TP4 timing (--tp-ranks 1).\n\n");
   std::printf("%-7s %-14s %6s %6s %10s %10s %7s %9s %9s %9s\n", "table", "system", "ctx", "hit%", "meas ms",
               "formula ms", "ratio", "meas t/s", "form t/s", "paper t/s");
   auto add = [&](Row r, const char* paper_tok_s) {
@@ -191,7 +209,7 @@ int run_emulation(int tokens, double dilate_h100, double dilate_n150, const std:
     Measured tp4 = emulate(model, "n300x2", k, -1, dilate_n150, tokens);
     add({"n150", "TP4", k, 0, tp4.token_s, tp_token_seconds(wh, 4, k), 0}, "-");
     for (double r : kN150Rates) {
-      Measured al = emulate(model, "n300x2", k, r, dilate_n150, tokens);
+      Measured al = emulate(model, "n300x2", k, r, dilate_n150, tokens, tp_ranks);
       add({"n150", "SP+TP4", k, al.hit_rate, al.token_s, alspec_token_seconds(wh, 4, k, r), 0}, "-");
     }
   }
@@ -341,6 +359,7 @@ int main(int argc, char** argv) {
   bool cpu = false;
   CpuShape shape;
   std::string csv;
+  int tp_ranks = 4;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -353,6 +372,7 @@ int main(int argc, char** argv) {
     if (a == "--tokens") tokens = std::stoi(next());
     else if (a == "--dilate") dilate = std::stod(next());
     else if (a == "--csv") csv = next();
+    else if (a == "--tp-ranks") tp_ranks = std::stoi(next());
     else if (a == "--cpu") cpu = true;
     else if (a == "--rounds") rounds = std::max(1, std::stoi(next()));
     else if (a == "--context") context = std::stoi(next());
@@ -373,7 +393,7 @@ int main(int argc, char** argv) {
       }
       shape.type = *d;
     } else {
-      std::fprintf(stderr, "usage: %s [--tokens N] [--dilate F] [--csv FILE] | --cpu [--context K] [--tokens N] "
+      std::fprintf(stderr, "usage: %s [--tokens N] [--dilate F] [--csv FILE] [--tp-ranks 4|1] | --cpu [--context K] [--tokens N] "
                            "[--lambda L] [--hits H] [--rounds R] [--embd N] [--heads N] [--ff N] [--layers N] [--type T]\n", argv[0]);
       return 2;
     }
@@ -384,7 +404,7 @@ int main(int argc, char** argv) {
   }
   set_log_level("error");
   try {
-    return cpu ? run_cpu(context, tokens > 0 ? tokens : 64, lambda, hits, rounds, shape) : run_emulation(tokens > 0 ? tokens : 6, dilate > 0 ? dilate : 24, dilate > 0 ? dilate : 16, csv);
+    return cpu ? run_cpu(context, tokens > 0 ? tokens : 64, lambda, hits, rounds, shape) : run_emulation(tokens > 0 ? tokens : 6, dilate > 0 ? dilate : 24, dilate > 0 ? dilate : 16, csv, tp_ranks);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_alspec: %s\n", e.what());
     return 1;

@@ -288,9 +288,9 @@ void step(Group& g, int r, uint64_t run, const Batch& batch) {
       // tensor-parallel group first gathers its ranks' K/V rows and speculative outputs: the
       // message carries whole rows, whatever the groups' sizes.
       dev.attend(il, [&](const AlspecHandoff& h) {
-        pace(t0, LayerPart::attention, AttnMode::spec_receiver);
         std::vector<float> k = whole_of(h.k, kv_shares, KV), v = whole_of(h.v, kv_shares, KV),
                            spec = whole_of(h.spec, q_shares, Q);
+        pace(t0, LayerPart::attention, AttnMode::spec_receiver);
         if (lead)
           send(SyncKind::handoff, il,
                {f32_vector(h.residual), f32_vector(std::move(k)), f32_vector(std::move(v)), f32_vector(std::move(spec))});
@@ -315,10 +315,13 @@ void step(Group& g, int r, uint64_t run, const Batch& batch) {
         received_last = true;
         continue;
       }
-      // Rank 0 takes the hand-off; every rank gets it whole and takes its heads' columns.
+      // Rank 0 takes the hand-off; every rank gets it whole and takes its heads' columns (the
+      // sharing is part of the receiver's paced time).
       std::vector<float> packed;
+      auto t0 = Clock::now();
       if (lead) {
         const AttentionSync m = g.inbox.take(run, SyncKind::handoff, il, g.cfg.peer_timeout, give_up);
+        t0 = Clock::now();
         const size_t want[4] = {E, KV, KV, Q};
         for (size_t t = 0; t < 4; ++t) {
           const std::vector<float> part = m.tensors[t].data.to_vector<float>();
@@ -329,7 +332,6 @@ void step(Group& g, int r, uint64_t run, const Batch& batch) {
       }
       packed.resize(E + 2 * KV + Q);
       broadcast(g, r, packed, packed.size());
-      const auto t0 = Clock::now();
       const float* base = packed.data();
       const size_t kv0 = heads.begin * D, kv_n = heads.size() * D;
       dev.receive(il, {{base, E}, {base + E + kv0, kv_n}, {base + E + KV + kv0, kv_n}, {base + E + 2 * KV + kv0 * group, kv_n * group}});
