@@ -15,7 +15,8 @@
 // Each is compared with Appendix F's closed form on the same profile numbers. Every modelled
 // time is stretched by a dilation factor and the measured times divided by it, so the actor
 // messages between layers (about 0.1 ms on this machine, against H100 layers of 0.1 ms) weigh
-// that much less: 24 for Table 3 and 16 for N150 by default, `--dilate F` for both.
+// that much less: 48 by default (`--dilate F`; at 16-24 the 8 device threads of SP + TP4 on
+// the 2 cores of the development machine added 2-6 % to a token, at 48 they add 1-2.5 %).
 //
 // `--cpu`: real compute only, no profiles. Two single-thread devices run alspec against one
 // single-thread device running plain decoding, on a synthetic model at a context where
@@ -404,7 +405,7 @@ int main(int argc, char** argv) {
   }
   set_log_level("error");
   try {
-    return cpu ? run_cpu(context, tokens > 0 ? tokens : 64, lambda, hits, rounds, shape) : run_emulation(tokens > 0 ? tokens : 6, dilate > 0 ? dilate : 24, dilate > 0 ? dilate : 16, csv, tp_ranks);
+    return cpu ? run_cpu(context, tokens > 0 ? tokens : 64, lambda, hits, rounds, shape) : run_emulation(tokens > 0 ? tokens : 6, dilate > 0 ? dilate : 48, dilate > 0 ? dilate : 48, csv, tp_ranks);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_alspec: %s\n", e.what());
     return 1;

@@ -157,9 +157,11 @@ TEST(Examples, RunJsonIsTheOnlyThingOnStdout) {
 TEST(Examples, EveryTopologyGeneratesTheTokensOfGenerate) {
   SPECMESH_REQUIRE_REFDATA();
   const nlohmann::json want = generate_reference(32);
-  // alspec-pair: with these contexts under 2 x window keys every speculation is exact.
+  // alspec-pair, -n300, -sp-tp4: with these contexts under 2 x window keys every speculation is
+  // exact.
   for (const char* name : {"pipeline-2stage-ipc.toml", "pipeline-3stage-tcp.toml", "pipeline-3stage-standby.toml",
-                           "emulated-cluster.toml", "single-process.toml", "alspec-pair.toml", "pipeinfer-artifact.toml"}) {
+                           "emulated-cluster.toml", "single-process.toml", "alspec-pair.toml", "pipeinfer-artifact.toml",
+                           "alspec-n300.toml", "alspec-sp-tp4.toml"}) {
     SCOPED_TRACE(name);
     // On endpoints of its own (free ports, ipc paths with -pN): the tests below run
     // alspec-pair.toml, dflash-stages.toml and (the embed app) pipeline-2stage-ipc.toml as they

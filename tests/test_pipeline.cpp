@@ -291,6 +291,15 @@ TEST(Topology, LinkAndProfileValuesAndIntegersOutsideTheirRangeAreRefusedWithThe
   EXPECT_EQ(err("n_ctx = 5000000000"),
             "t.toml:4: run.n_ctx: expected an integer between -2147483648 and 2147483647, not 5000000000");
   EXPECT_EQ(err("temperature = 1e300"), "t.toml:4: run.temperature: must be a finite number, not 1e+300");
+  // A virtual context drives measured timing curves only.
+  EXPECT_EQ(err("[devices.d]\nprofile = \"rpi5\"\nvirtual_context = 4096"),
+            "t.toml:6: devices.d.virtual_context: needs a profile with measured per-op timing (n150, n300, n300x2, t3k, "
+            "h100-tp4)");
+  EXPECT_EQ(err("[devices.d]\nprofile = \"n150\"\nvirtual_context = 0"),
+            "t.toml:6: devices.d.virtual_context: expected a number of keys between 1 and 1099511627776, not 0");
+  const Topology t = Topology::parse("[models.t]\npath = \"x\"\n[run]\n[devices.d]\nprofile = \"n150\"\nvirtual_context = 65536\n",
+                                     "t.toml", "/");
+  EXPECT_EQ(t.devices.at("d").profile->virtual_context, 65536);
 }
 
 TEST(Topology, FractionsResolveToContiguousRanges) {

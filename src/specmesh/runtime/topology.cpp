@@ -17,6 +17,7 @@
 
 #include "specmesh/kernels/kv_rows.hpp"
 #include "specmesh/speculation/registry.hpp"
+#include "specmesh/devices/tenstorrent.hpp"
 
 namespace specmesh {
 
@@ -262,7 +263,7 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
     for (const auto& [name, v] : table_at(e, *n, "devices")) {
       const std::string pre = "devices." + std::string(name.str()) + ".";
       const auto& m = table_at(e, v, pre);
-      check_keys(e, m, pre, {"node", "threads", "profile", "standby"});
+      check_keys(e, m, pre, {"node", "threads", "profile", "standby", "virtual_context"});
       DeviceSpec s;
       s.name = std::string(name.str());
       s.node = get<std::string>(e, m, pre, "node", t.head_node);
@@ -286,6 +287,16 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
           d.layer_token_s = non_negative(e, pt, pre + "profile.", "layer_token_ms") * 1e-3;
           s.profile = d;
         }
+      }
+      if (const toml::node* vc = m.get("virtual_context")) {
+        std::string accelerators;
+        for (const std::string& a : accelerator_profile_names()) accelerators += (accelerators.empty() ? "" : ", ") + a;
+        // The context a measured profile's curves are read at, whatever the real context is:
+        // a long context's timing with a small model.
+        if (!s.profile || !s.profile->times)
+          e.fail(vc, pre + "virtual_context", "needs a profile with measured per-op timing (" + accelerators + ")");
+        s.profile->virtual_context = integer(e, *vc, pre + "virtual_context", 1, int64_t(1) << 40,
+                                             "expected a number of keys");
       }
       t.devices[s.name] = s;
     }
