@@ -15,7 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "specmesh/devices/device.hpp"
-#include "specmesh/model/tp_group.hpp"
+#include "specmesh/actors/tp_ranks.hpp"
 
 namespace specmesh {
 
@@ -63,41 +63,20 @@ class SyncInbox {
   std::map<std::tuple<uint64_t, SyncKind, int>, AttentionSync> box_;
 };
 
-// One tensor-parallel rank of a group: its context and device (rank 0 is the stage's device).
-struct Rank {
-  std::shared_ptr<Context> ctx;
-  std::unique_ptr<AlspecDevice> dev;
-  caf::actor device;
-  std::shared_ptr<Device> hw;
-  StageConfig stage;                    // the group's, with this rank's device
-  std::shared_ptr<StageStats> stats;    // rank 0: the group's; others count nothing
-};
-
-// Everything the device jobs share. A job (a run or a cache operation) goes to every rank's
-// device; the ranks take the group's jobs in order, each starting a job once all have left the
-// one before, and the last rank to leave a job reports how it ended.
+// Everything the device jobs share. The group's stage may be tensor-parallel: its ranks
+// (tp_ranks.hpp) each run an AlspecDevice over their share of every layer.
 struct Group {
   AlspecStageConfig cfg;
-  std::vector<Rank> ranks;
-  std::unique_ptr<TpExchange> exchange;  // two ranks or more
+  std::shared_ptr<TpRanks> ranks;
+  std::vector<std::unique_ptr<AlspecDevice>> devs;  // per rank
   SyncInbox inbox;
   CancelSet cancelled;
   std::atomic<bool> stopping{false};  // the actor is gone: a waiting step gives up
   std::shared_ptr<StageStats> stats;
-  uint64_t scheduled = 0;  // jobs handed to the ranks (the actor's count)
 
-  // Job order across the ranks' device threads.
-  std::mutex mu;
-  std::condition_variable turn;
-  uint64_t completed = 0;  // jobs every rank has left
-  int left = 0;            // ranks that have left job `completed`
-  std::vector<std::exception_ptr> errors;
-  bool skip = false;       // job `completed` was cancelled before it started (decided once)
-  bool decided = false;
-
-  Context& ctx() { return *ranks[0].ctx; }
-  AlspecDevice& dev() { return *ranks[0].dev; }
-  TpLink* link(int r) { return exchange ? &exchange->link(r) : nullptr; }
+  int size() const { return ranks->size(); }
+  Context& ctx() { return ranks->ctx(); }
+  TpLink* link(int r) { return ranks->rank(r).ctx->tp_link(); }
 };
 
 // The groups of one node, by pipeline. Two groups on one node (one Router) put their syncs
@@ -185,7 +164,7 @@ double saved_ms(const Group& g, int64_t context) {
 void broadcast(Group& g, int r, std::vector<float>& v, size_t n) {
   TpLink* link = g.link(r);
   if (!link) return;
-  std::vector<size_t> shares(g.ranks.size(), 0);
+  std::vector<size_t> shares(size_t(g.size()), 0);
   shares[0] = n;
   std::vector<float> out(n);
   link->all_gather(v.data(), 1, shares.data(), n, out.data());
@@ -196,8 +175,8 @@ void broadcast(Group& g, int r, std::vector<float>& v, size_t n) {
 // with the other ranks of this group. Rank 0 talks to the partner and the head; the other ranks
 // get what it received through the group's exchange.
 void step(Group& g, int r, uint64_t run, const Batch& batch) {
-  Rank& rank = g.ranks[size_t(r)];
-  AlspecDevice& dev = *rank.dev;
+  TpRanks::Rank& rank = g.ranks->rank(r);
+  AlspecDevice& dev = *g.devs[size_t(r)];
   const StageConfig& sc = g.cfg.stage;
   const AlspecSettings& st = g.cfg.settings;
   const HParams& hp = rank.ctx->model().hparams();
@@ -206,7 +185,7 @@ void step(Group& g, int r, uint64_t run, const Batch& batch) {
   const bool lead = r == 0;
   TpLink* link = g.link(r);
   using Clock = std::chrono::steady_clock;
-  Device& hw = *rank.hw;
+  Device& hw = *rank.stage.device_state;
   const bool per_op = hw.profile() && hw.profile()->times;
   // Without per-op timing the whole pass is priced as a plain forward pass on each group.
   const auto t_step = Clock::now();
@@ -259,8 +238,8 @@ void step(Group& g, int r, uint64_t run, const Batch& batch) {
   const size_t D = size_t(hp.head_dim), group = size_t(hp.n_head / hp.n_head_kv);
   const size_t E = size_t(hp.n_embd), KV = size_t(hp.kv_dim()), Q = size_t(hp.q_dim());
   std::vector<size_t> kv_shares, q_shares;
-  for (int k = 0; k < int(g.ranks.size()); ++k) {
-    kv_shares.push_back(tp_kv_heads(hp.n_head_kv, {k, int(g.ranks.size())}).size() * D);
+  for (int k = 0; k < g.size(); ++k) {
+    kv_shares.push_back(tp_kv_heads(hp.n_head_kv, {k, g.size()}).size() * D);
     q_shares.push_back(kv_shares.back() * group);
   }
   auto whole_of = [&](std::span<const float> mine, const std::vector<size_t>& shares, size_t total) {
@@ -362,73 +341,11 @@ void step(Group& g, int r, uint64_t run, const Batch& batch) {
   g.stats->layers_computed += n_layer;
 }
 
-// Runs `work(rank)` as job number `job` of the group on every rank's device. A rank starts it
-// once every rank has left the job before; the last to leave reports how it ended (`on_error`
-// with the first failure that is not a consequence of another rank's) and makes the exchange
-// usable again. `place` (the admission) is held until then.
-void schedule(const std::shared_ptr<Group>& g, uint64_t run, std::function<void(int)> work,
-              std::function<void(const std::exception_ptr&)> on_error, RunAdmission::PlacePtr place) {
-  const uint64_t job_no = g->scheduled++;
-  auto shared = std::make_shared<std::function<void(int)>>(std::move(work));
-  auto failed = std::make_shared<std::function<void(const std::exception_ptr&)>>(std::move(on_error));
-  const int n = int(g->ranks.size());
-  for (int r = 0; r < n; ++r) {
-    auto job = std::make_shared<DeviceJob>();
-    job->run = [g, r, n, job_no, run, shared, failed, place](ThreadPool&) -> WorkCost {
-      bool skip;
-      {
-        std::unique_lock lk(g->mu);
-        g->turn.wait(lk, [&] { return g->completed == job_no; });
-        // Cancelled before it started: decided once, by the first rank, for every rank.
-        if (!g->decided) {
-          g->decided = true;
-          g->skip = g->cancelled.contains(run);
-          g->errors.assign(size_t(n), nullptr);
-        }
-        skip = g->skip;
-      }
-      std::exception_ptr err;
-      if (!skip) {
-        try {
-          (*shared)(r);
-        } catch (...) {
-          err = std::current_exception();
-          if (g->exchange) g->exchange->fail();  // the other ranks stop waiting for this one
-        }
-      }
-      std::unique_lock lk(g->mu);
-      g->errors[size_t(r)] = err;
-      if (++g->left < n) return {};
-      // The last rank out: the job is over on every rank.
-      std::exception_ptr cause, broken;
-      for (const std::exception_ptr& e : g->errors) {
-        if (!e) continue;
-        try {
-          std::rethrow_exception(e);
-        } catch (const TpGroupBroken&) {
-          if (!broken) broken = e;
-        } catch (...) {
-          if (!cause) cause = e;
-        }
-      }
-      if (g->exchange && (cause || broken)) g->exchange->reset();
-      if (skip) ++g->stats->runs_cancelled;
-      if (cause || broken) (*failed)(cause ? cause : broken);
-      g->left = 0;
-      g->decided = false;
-      ++g->completed;
-      lk.unlock();
-      g->turn.notify_all();
-      return {};
-    };
-    caf::anon_send(g->ranks[size_t(r)].device, compute_atom::value, std::move(job));
-  }
-}
-
 void schedule_run(const std::shared_ptr<Group>& g, uint64_t run, RunStart meta, RunAdmission::PlacePtr place) {
   auto batch = std::make_shared<Batch>(to_batch(meta));
   auto work = [g, run, batch](int r) {
-    Rank& rank = g->ranks[size_t(r)];
+    TpRanks::Rank& rank = g->ranks->rank(r);
+    AlspecDevice& dev = *g->devs[size_t(r)];
     try {
       if (batch->size() == 1 && !batch->is_tree() && batch->logits[0]) {
         step(*g, r, run, *batch);
@@ -436,11 +353,11 @@ void schedule_run(const std::shared_ptr<Group>& g, uint64_t run, RunStart meta, 
         // A prompt chunk: both groups compute it in full, as a plain stage would; the current
         // sender answers.
         ForwardOutput out = paced_forward(*rank.ctx, rank.stage, g->cancelled, *rank.stats, run, *batch);
-        if (r == 0 && rank.dev->is_sender()) send_logits(*g, run, out.rows, std::move(out.logits));
+        if (r == 0 && dev.is_sender()) send_logits(*g, run, out.rows, std::move(out.logits));
       }
       if (r == 0) ++g->stats->runs;
     } catch (...) {
-      rank.dev->abort();
+      dev.abort();
       throw;
     }
   };
@@ -453,17 +370,17 @@ void schedule_run(const std::shared_ptr<Group>& g, uint64_t run, RunStart meta, 
       report_error(g->cfg.stage, run, x.what());
     }
   };
-  schedule(g, run, std::move(work), std::move(failed), std::move(place));
+  g->ranks->schedule([g, run] { return g->cancelled.contains(run); }, std::move(work),
+                     [g] { ++g->stats->runs_cancelled; }, std::move(failed), std::move(place));
 }
 
 void schedule_kv_ops(const std::shared_ptr<Group>& g, uint64_t run, KvCacheOp ops, RunAdmission::PlacePtr place) {
   auto shared_ops = std::make_shared<KvCacheOp>(std::move(ops));
   auto work = [g, shared_ops](int r) {
-    Rank& rank = g->ranks[size_t(r)];
-    apply_kv_ops(*rank.ctx, shared_ops->ops);
+    apply_kv_ops(*g->ranks->rank(r).ctx, shared_ops->ops);
     // An emptied cache starts a new session: both groups go back to the first priorities.
     for (const KvOp& op : shared_ops->ops)
-      if (op.kind == KvOpKind::remove && op.seq < 0 && op.pos_begin < 0 && op.pos_end < 0) rank.dev->reset();
+      if (op.kind == KvOpKind::remove && op.seq < 0 && op.pos_begin < 0 && op.pos_end < 0) g->devs[size_t(r)]->reset();
   };
   auto failed = [g, run](const std::exception_ptr& e) {
     try {
@@ -472,7 +389,7 @@ void schedule_kv_ops(const std::shared_ptr<Group>& g, uint64_t run, KvCacheOp op
       report_error(g->cfg.stage, run, std::string("KV-cache operation failed: ") + x.what());
     }
   };
-  schedule(g, run, std::move(work), std::move(failed), std::move(place));
+  g->ranks->schedule({}, std::move(work), {}, std::move(failed), std::move(place));
 }
 
 // Runs and cache operations are admitted (admission.hpp) or refused on arrival, before group 0
@@ -530,32 +447,13 @@ caf::actor spawn_alspec_stage(caf::actor_system& sys, AlspecStageConfig cfg, std
   auto g = std::make_shared<Group>();
   g->cfg = std::move(cfg);
   g->stats = std::move(stats);
-  const AlspecStageConfig& c = g->cfg;
-  const int n = 1 + int(c.tp_devices.size());
-  if (c.tp_device_states.size() != c.tp_devices.size())
-    throw std::invalid_argument("an ALSpec group's tensor-parallel devices and their states differ in number");
-  check_tp_shard({0, n}, c.stage.model->hparams().n_head_kv);
-  if (n > 1) g->exchange = std::make_unique<TpExchange>(n);
-  for (int r = 0; r < n; ++r) {
-    Rank rank;
-    rank.stage = c.stage;
-    if (r > 0) {
-      rank.stage.device = c.tp_devices[size_t(r - 1)];
-      rank.stage.device_state = c.tp_device_states[size_t(r - 1)];
-    }
-    rank.device = rank.stage.device;
-    rank.hw = rank.stage.device_state;
-    rank.stats = r == 0 ? g->stats : std::make_shared<StageStats>();
-    // Plain attention uses the speculative kernel's layout, so a rejected speculation leaves
-    // what plain decoding computes.
-    ContextParams cp = c.stage.context;
-    cp.attention_layout = c.settings.spec.layout;
-    cp.tp = {r, n};
-    cp.tp_link = g->link(r);
-    rank.ctx = std::make_shared<Context>(*c.stage.model, cp, &rank.hw->pool());
-    rank.dev = std::make_unique<AlspecDevice>(*rank.ctx, c.self, c.settings.spec);
-    g->ranks.push_back(std::move(rank));
-  }
+  // Plain attention uses the speculative kernel's layout, so a rejected speculation leaves
+  // what plain decoding computes.
+  ContextParams cp = g->cfg.stage.context;
+  cp.attention_layout = g->cfg.settings.spec.layout;
+  g->ranks = TpRanks::make(g->cfg.stage, cp, g->stats);
+  for (int r = 0; r < g->ranks->size(); ++r)
+    g->devs.push_back(std::make_unique<AlspecDevice>(*g->ranks->rank(r).ctx, g->cfg.self, g->cfg.settings.spec));
   local_groups().add(g->cfg.stage.router.get(), g->cfg.stage.pipeline, g);
   return sys.spawn([g, admission](caf::stateful_actor<PairState>* self) -> caf::behavior {
     auto& ps = self->state;

@@ -32,7 +32,9 @@ namespace specmesh {
 
 struct AlspecStageConfig {
   // This group's stage: its pipeline is its role, the context holds every layer, next_node
-  // is the head; taps are not supported.
+  // is the head; taps are not supported. A tensor-parallel stage (tp_devices) splits the
+  // group over several devices: rank 0 talks to the partner and the head, the ranks share what
+  // it receives, and the hand-off carries whole rows, so the groups may differ in size.
   StageConfig stage;
   int self = 0;                 // 0: the group the head launches runs into, 1: its partner
   std::string run_pipeline;     // that role, which the logits and reports name
@@ -42,12 +44,6 @@ struct AlspecStageConfig {
   // How long a step waits for the partner before it reports an error (a partner that dies
   // is also reported to the head by the gateway, usually sooner).
   std::chrono::milliseconds peer_timeout{10000};
-  // A tensor-parallel group: the devices of ranks 1.. (rank 0 is the stage's device), on this
-  // node; rank r exchanges its shares with the group's other ranks (model/tp_group.hpp) and
-  // its heads' rows with rank r of the partner's group, through this group's messages, which
-  // carry whole rows. Both groups may differ in size.
-  std::vector<caf::actor> tp_devices;
-  std::vector<std::shared_ptr<Device>> tp_device_states;
 };
 
 // Takes (from, Envelope) messages carrying RunStart, KvCacheOp, Cancel or AttentionSync; runs

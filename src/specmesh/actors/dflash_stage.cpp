@@ -291,6 +291,8 @@ caf::actor spawn_dflash_stage(caf::actor_system& sys, DFlashStageConfig cfg, std
   cfg.drafter->check_target(*cfg.stage.model);
   if (cfg.stage.context.n_ctx <= 0) cfg.stage.context.n_ctx = context_size(*cfg.stage.model, 0);
   if (cfg.stage.max_runs_per_sender < 1) throw std::invalid_argument("max_runs_per_sender must be at least 1");
+  if (!cfg.stage.tp_devices.empty())
+    throw std::invalid_argument("a DFlash drafter runs on one device (its stage names tensor_parallel devices)");
   return sys.spawn([cfg = std::move(cfg), stats](caf::stateful_actor<DFlashStageState>* self) -> caf::behavior {
     auto& st = self->state;
     st.cfg = cfg;

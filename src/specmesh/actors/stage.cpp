@@ -1,5 +1,7 @@
 #include "specmesh/actors/stage.hpp"
 
+#include "specmesh/actors/tp_ranks.hpp"
+
 #include <algorithm>
 #include <chrono>
 
@@ -140,7 +142,7 @@ namespace {
 
 struct StageState {
   StageConfig cfg;
-  std::shared_ptr<Context> ctx;
+  std::shared_ptr<TpRanks> ranks;  // one, or a tensor-parallel stage's
   std::shared_ptr<CancelSet> cancelled = std::make_shared<CancelSet>();
   std::shared_ptr<StageStats> stats;
   RunAdmission admission;
@@ -172,80 +174,86 @@ void send_taps(const StageConfig& cfg, uint64_t run, const RunStart& meta, Forwa
   }
 }
 
-// Queues the forward pass of one run on the device; the job sends the result on itself.
+// Queues the forward pass of one run on the device (every rank's); the job sends the result on
+// itself (rank 0).
 // `place` is the run's admission: held by the job until it is done or dropped.
 void schedule_forward(StageState& st, uint64_t run, RunStart meta, std::optional<Tensor> hidden_in,
                       RunAdmission::PlacePtr place) {
-  auto job = std::make_shared<DeviceJob>();
-  job->run = [ctx = st.ctx, cfg = st.cfg, cancelled = st.cancelled, stats = st.stats, run, meta = std::move(meta),
-              hidden_in = std::move(hidden_in), place = std::move(place)](ThreadPool&) -> WorkCost {
-    if (cancelled->contains(run)) {
-      ++stats->runs_cancelled;
-      return {};
-    }
-    try {
-      Batch batch = to_batch(meta);
-      std::vector<float> hidden_copy;
-      const float* hidden = nullptr;
-      if (hidden_in) {
-        const size_t want = batch.size() * size_t(ctx->model().hparams().n_embd);
-        if (hidden_in->dtype != WireDType::f32 || hidden_in->numel() != want)
-          throw std::invalid_argument("activations do not match the batch (" + std::to_string(hidden_in->numel()) +
-                                      " values, expected " + std::to_string(want) + ")");
-        if (hidden_in->data.aligned_for<float>()) {
-          hidden = hidden_in->data.view<float>().data();
-        } else {
-          hidden_copy = hidden_in->data.to_vector<float>();
-          hidden = hidden_copy.data();
-        }
-      }
-      ForwardOutput out = paced_forward(*ctx, cfg, *cancelled, *stats, run, batch, hidden);
-      ++stats->runs;
-      const int64_t n_embd = ctx->model().hparams().n_embd;
-      // Taps leave first: on a shared link the receiver then has them before the run's logits.
-      send_taps(cfg, run, meta, out, n_embd);
-      if (ctx->has_head()) {
-        const int64_t n_vocab = ctx->model().hparams().n_vocab;
-        Logits l;
-        l.pipeline = cfg.pipeline;
-        l.rows = out.rows;
-        l.logits = Tensor::from(WireDType::f32, {int64_t(out.rows.size()), n_vocab}, std::move(out.logits));
-        cfg.router->send(cfg.next_node, make_envelope(run, std::move(l)));
+  auto in = std::make_shared<const std::optional<Tensor>>(std::move(hidden_in));
+  auto m = std::make_shared<const RunStart>(std::move(meta));
+  auto work = [ranks = st.ranks, cfg = st.cfg, cancelled = st.cancelled, run, m, in](int r) {
+    TpRanks::Rank& rank = ranks->rank(r);
+    Context& ctx = *rank.ctx;
+    Batch batch = to_batch(*m);
+    std::vector<float> hidden_copy;
+    const float* hidden = nullptr;
+    if (const std::optional<Tensor>& hidden_in = *in) {
+      const size_t want = batch.size() * size_t(ctx.model().hparams().n_embd);
+      if (hidden_in->dtype != WireDType::f32 || hidden_in->numel() != want)
+        throw std::invalid_argument("activations do not match the batch (" + std::to_string(hidden_in->numel()) +
+                                    " values, expected " + std::to_string(want) + ")");
+      if (hidden_in->data.aligned_for<float>()) {
+        hidden = hidden_in->data.view<float>().data();
       } else {
-        Activations a;
-        a.pipeline = cfg.pipeline;
-        a.layer = ctx->layer_end();
-        a.tensors.push_back(Tensor::from(WireDType::f32, {int64_t(batch.size()), n_embd}, std::move(out.hidden)));
-        a.batch = std::move(meta);
-        cfg.router->send(cfg.next_node, make_envelope(run, std::move(a)));
+        hidden_copy = hidden_in->data.to_vector<float>();
+        hidden = hidden_copy.data();
       }
+    }
+    ForwardOutput out = paced_forward(ctx, rank.stage, *cancelled, *rank.stats, run, batch, hidden);
+    if (r != 0) return;  // every rank has the output; rank 0 sends it
+    ++rank.stats->runs;
+    const int64_t n_embd = ctx.model().hparams().n_embd;
+    // Taps leave first: on a shared link the receiver then has them before the run's logits.
+    send_taps(cfg, run, *m, out, n_embd);
+    if (ctx.has_head()) {
+      const int64_t n_vocab = ctx.model().hparams().n_vocab;
+      Logits l;
+      l.pipeline = cfg.pipeline;
+      l.rows = out.rows;
+      l.logits = Tensor::from(WireDType::f32, {int64_t(out.rows.size()), n_vocab}, std::move(out.logits));
+      cfg.router->send(cfg.next_node, make_envelope(run, std::move(l)));
+    } else {
+      Activations a;
+      a.pipeline = cfg.pipeline;
+      a.layer = ctx.layer_end();
+      a.tensors.push_back(Tensor::from(WireDType::f32, {int64_t(batch.size()), n_embd}, std::move(out.hidden)));
+      a.batch = *m;
+      cfg.router->send(cfg.next_node, make_envelope(run, std::move(a)));
+    }
+  };
+  auto failed = [cfg = st.cfg, stats = st.stats, run](const std::exception_ptr& e) {
+    try {
+      std::rethrow_exception(e);
     } catch (const ForwardCancelled&) {
       ++stats->runs_cancelled;
-    } catch (const std::exception& e) {
-      report_error(cfg, run, e.what());
+    } catch (const std::exception& x) {
+      report_error(cfg, run, x.what());
     }
-    return {};  // paced above
   };
-  caf::anon_send(st.cfg.device, compute_atom::value, std::move(job));
+  st.ranks->schedule([cancelled = st.cancelled, run] { return cancelled->contains(run); }, std::move(work),
+                     [stats = st.stats] { ++stats->runs_cancelled; }, std::move(failed), std::move(place));
 }
 
 void schedule_kv_ops(StageState& st, uint64_t run, KvCacheOp ops, RunAdmission::PlacePtr place) {
-  auto job = std::make_shared<DeviceJob>();
-  job->run = [ctx = st.ctx, cfg = st.cfg, run, ops = std::move(ops), place = std::move(place)](ThreadPool&) -> WorkCost {
-    try {
-      apply_kv_ops(*ctx, ops.ops);
-      // Cache operations travel down the pipeline in order with the runs.
-      if (!ctx->has_head()) {
-        KvCacheOp next = ops;
-        next.layer = ctx->layer_end();
-        cfg.router->send(cfg.next_node, make_envelope(run, std::move(next)));
-      }
-    } catch (const std::exception& e) {
-      report_error(cfg, run, std::string("KV-cache operation failed: ") + e.what());
+  auto shared_ops = std::make_shared<const KvCacheOp>(std::move(ops));
+  auto work = [ranks = st.ranks, cfg = st.cfg, run, shared_ops](int r) {
+    Context& ctx = *ranks->rank(r).ctx;
+    apply_kv_ops(ctx, shared_ops->ops);
+    // Cache operations travel down the pipeline in order with the runs.
+    if (r == 0 && !ctx.has_head()) {
+      KvCacheOp next = *shared_ops;
+      next.layer = ctx.layer_end();
+      cfg.router->send(cfg.next_node, make_envelope(run, std::move(next)));
     }
-    return {};
   };
-  caf::anon_send(st.cfg.device, compute_atom::value, std::move(job));
+  auto failed = [cfg = st.cfg, run](const std::exception_ptr& e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      report_error(cfg, run, std::string("KV-cache operation failed: ") + x.what());
+    }
+  };
+  st.ranks->schedule({}, std::move(work), {}, std::move(failed), std::move(place));
 }
 
 // Work is admitted (admission.hpp) or refused here, on arrival: a refused run costs an Error
@@ -300,14 +308,14 @@ caf::actor spawn_stage(caf::actor_system& sys, StageConfig cfg, std::shared_ptr<
   // The context keeps only the taps inside its own range; the others stay empty in captured.
   cfg.context.capture_layers = cfg.tap_layers;
   // Built here, not in the actor, so a cache that cannot be allocated is the caller's error.
-  auto ctx = std::make_shared<Context>(*cfg.model, cfg.context, &cfg.device_state->pool());
-  return sys.spawn([cfg = std::move(cfg), stats, ctx](caf::stateful_actor<StageState>* self) -> caf::behavior {
+  auto ranks = TpRanks::make(cfg, cfg.context, stats);
+  return sys.spawn([cfg = std::move(cfg), stats, ranks](caf::stateful_actor<StageState>* self) -> caf::behavior {
     auto& st = self->state;
     st.cfg = cfg;
     st.stats = stats;
-    st.ctx = ctx;
+    st.ranks = ranks;
     st.admission = RunAdmission(cfg.max_runs_per_sender);
-    st.n_cells = ctx->kv().n_cells();
+    st.n_cells = ranks->ctx().kv().n_cells();
     return {
         [self](const std::string& from, const Envelope& env) {
           auto& st = self->state;

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <caf/actor.hpp>
 #include <caf/atom.hpp>
@@ -44,6 +45,10 @@ struct StageConfig {
   int max_runs_per_sender = kDefaultMaxRunsPerSender;
   caf::actor device;                // device actor that runs the jobs
   std::shared_ptr<class Device> device_state;
+  // A tensor-parallel stage: the devices of ranks 1.. on this node (rank 0 is `device`), each
+  // with its share of every layer (tp_ranks.hpp). Rank 0 sends the stage's output.
+  std::vector<caf::actor> tp_devices;
+  std::vector<std::shared_ptr<class Device>> tp_device_states;
   std::shared_ptr<Router> router;
 };
 

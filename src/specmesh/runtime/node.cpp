@@ -184,34 +184,33 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
       sc.device_state = devices_.at(s.device);
       sc.router = router_;
       tap_for_drafter(topo, models, sc);
+      for (const std::string& d : s.tensor_parallel) {
+        sc.tp_devices.push_back(device_actors.at(d));
+        sc.tp_device_states.push_back(devices_.at(d));
+      }
       auto stats = std::make_shared<StageStats>();
       caf::actor a;
-      if (drafter && role == drafter_role) {
-        DFlashStageConfig dc{sc, drafter, kTargetRole};
-        dc.window = strat->param("window") ? size_t(strat->resolve(topo.run.params).integer("window")) : 0;
-        a = spawn_dflash_stage(sys, dc, stats);
-      } else if (const int group = pair_group(role); group >= 0) {
-        AlspecStageConfig pc;
-        pc.stage = sc;
-        pc.self = group;
-        pc.run_pipeline = kTargetRole;
-        pc.peer_pipeline = group == 0 ? pair_role : kTargetRole;
-        pc.peer_node = topo.node_of_device(topo.stages_of(pc.peer_pipeline)[0]->device).name;
-        pc.settings = strat->pair_settings(strat->resolve(topo.run.params));
-        for (const std::string& d : s.tensor_parallel) {
-          pc.tp_devices.push_back(device_actors.at(d));
-          pc.tp_device_states.push_back(devices_.at(d));
-        }
-        try {
+      try {
+        if (drafter && role == drafter_role) {
+          DFlashStageConfig dc{sc, drafter, kTargetRole};
+          dc.window = strat->param("window") ? size_t(strat->resolve(topo.run.params).integer("window")) : 0;
+          a = spawn_dflash_stage(sys, dc, stats);
+        } else if (const int group = pair_group(role); group >= 0) {
+          AlspecStageConfig pc;
+          pc.stage = sc;
+          pc.self = group;
+          pc.run_pipeline = kTargetRole;
+          pc.peer_pipeline = group == 0 ? pair_role : kTargetRole;
+          pc.peer_node = topo.node_of_device(topo.stages_of(pc.peer_pipeline)[0]->device).name;
+          pc.settings = strat->pair_settings(strat->resolve(topo.run.params));
           a = spawn_alspec_stage(sys, pc, stats);
-        } catch (const std::invalid_argument& e) {
-          throw ConfigError(topo.path + ":" + std::to_string(s.line) + ": stages: " + e.what());
+        } else {
+          a = spawn_stage(sys, sc, stats);
         }
-      } else {
-        if (!s.tensor_parallel.empty())
-          throw ConfigError(topo.path + ":" + std::to_string(s.line) + ": stages: tensor_parallel: only the groups of "
-                            "strategy alspec split a stage over several devices so far (this stage runs role \"" + role + "\")");
-        a = spawn_stage(sys, sc, stats);
+      } catch (const std::invalid_argument& e) {
+        // What the stage cannot be built with is the file's error (a group too large to split).
+        if (s.tensor_parallel.empty()) throw;
+        throw ConfigError(topo.path + ":" + std::to_string(s.line) + ": stages: " + e.what());
       }
       actors_.push_back(a);
       // Work reaches a stage from the one before it; the first stage's from the head, or for
@@ -297,6 +296,7 @@ caf::actor NodeHost::spawn_manager(caf::actor_system& sys, const Topology& topo,
               sc.device_state = devices_.at(r->device);
               sc.router = router_;
               tap_for_drafter(topo, models, sc);
+              // A tensor-parallel stage moves to one device: its output is the same bits.
               caf::actor a = spawn_stage(sys, sc, std::make_shared<StageStats>());
               {
                 std::lock_guard<std::mutex> lk(actors_mu_);
