@@ -49,8 +49,9 @@ struct StagePlan {
 
 // The target's stages on nodes s0, s1, ... (one per stage, each with its ranks' devices), the
 // head on its own node; `extra` adds the run's strategy and any draft role.
+// `device_keys` go into every target device's table (a profile).
 std::string topology(const std::string& target, const StagePlan& plan, const std::string& transport,
-                     const std::string& run_extra, const std::string& extra_tables) {
+                     const std::string& run_extra, const std::string& extra_tables, const std::string& device_keys = "") {
   static std::atomic<int> n{0};
   const int id = n++;
   auto ep = [&](const std::string& node) {
@@ -66,7 +67,8 @@ std::string topology(const std::string& target, const StagePlan& plan, const std
   for (size_t s = 0; s < stages; ++s) {
     const std::string node = "s" + std::to_string(s);
     f << "[nodes." << node << "]\nendpoint = \"" << ep(node) << "\"\n";
-    for (int r = 0; r < plan.ranks[s]; ++r) f << "[devices." << node << "r" << r << "]\nnode = \"" << node << "\"\n";
+    for (int r = 0; r < plan.ranks[s]; ++r)
+      f << "[devices." << node << "r" << r << "]\nnode = \"" << node << "\"\n" << device_keys;
   }
   f << extra_tables;
   for (size_t s = 0; s < stages; ++s) {
@@ -122,6 +124,16 @@ TEST(TpStages, SpeculationOnATensorParallelTargetIsLossless) {
     EXPECT_EQ(r.ids, want);
     EXPECT_GT(r.metrics.accepted, 0);
   }
+  // PipeInfer cancels runs the chain no longer needs, often in the middle of a forward pass:
+  // one rank may stop at a layer the others are past. With the target's layers slowed down
+  // (each device paced to 2 ms a layer) many runs are cancelled that way; decoding goes on.
+  auto rt = Runtime::open(topology(target, {{2, 2}}, "inproc", "draft = \"d\"\nstrategy = \"pipeinfer\"", draft_tables,
+                                   "profile = { layer_ms = 2.0 }\n"),
+                          node_options(false));
+  GenerationResult r = run(*rt);
+  ASSERT_TRUE(r.ok()) << r.error;
+  EXPECT_GT(r.metrics.runs_cancelled, 0);
+  EXPECT_EQ(r.ids, want);
 }
 
 TEST(TpStages, BlockDraftingTakesItsTapsFromTensorParallelStages) {
