@@ -317,8 +317,8 @@ TEST(AlspecActors, GroupsOnOneDeviceOrWithAnotherModelAreRejected) {
 }
 
 // Kills the node process of one group (0: the target's, 1: the receiver's) mid-generation.
-void kill_group(int group) {
-  auto rt = Runtime::open(topology(refdata("gguf-models/stories-target-1M.gguf"), "ipc", "lambda = 0.1"), opts("ipc"));
+void kill_group(int group, int tp = 1) {
+  auto rt = Runtime::open(topology(refdata("gguf-models/stories-target-1M.gguf"), "ipc", "lambda = 0.1", 0, tp, tp), opts("ipc"));
   std::vector<pid_t> kids = child_processes();
   ASSERT_EQ(kids.size(), 2u);
   std::sort(kids.begin(), kids.end());  // spawned in node order: a (target), then b
@@ -338,12 +338,15 @@ void kill_group(int group) {
   EXPECT_GE(r.ids.size(), 5u);
   EXPECT_LT(r.ids.size(), 400u);
   EXPECT_LT(waited, 2.0);
+  std::printf("group %d of %d device(s) killed: the client had the error after %.0f ms\n", group, tp, 1e3 * waited);
 }
 
 TEST(AlspecActors, KilledSenderOrReceiverGivesAClearError) {
   SPECMESH_REQUIRE_REFDATA();
-  kill_group(0);
-  kill_group(1);
+  for (int tp : {1, 2}) {  // a group on one device, and a tensor-parallel group on two
+    kill_group(0, tp);
+    kill_group(1, tp);
+  }
 }
 
 // Paced pair stages: every op waits out its modelled time, and a hit layer overlaps the
