@@ -75,22 +75,12 @@ void TpRanks::schedule(std::function<bool()> skip, std::function<void(int)> work
       t.errors_[size_t(r)] = err;
       if (++t.left_ < n) return {};
       // The last rank out: the job is over on every rank.
-      std::exception_ptr cause, broken;
-      for (const std::exception_ptr& e : t.errors_) {
-        if (!e) continue;
-        try {
-          std::rethrow_exception(e);
-        } catch (const TpGroupBroken&) {
-          if (!broken) broken = e;
-        } catch (...) {
-          if (!cause) cause = e;
-        }
-      }
-      if (t.exchange_ && (cause || broken)) t.exchange_->reset();
+      const std::exception_ptr cause = tp_failure_cause(t.errors_);
+      if (t.exchange_ && cause) t.exchange_->reset();
       lk.unlock();
       // Reported before the next job starts, so the reports keep the jobs' order.
       if (skip && job->skipped) job->skipped();
-      if ((cause || broken) && job->failed) job->failed(cause ? cause : broken);
+      if (cause && job->failed) job->failed(cause);
       job->hold.reset();
       lk.lock();
       t.left_ = 0;

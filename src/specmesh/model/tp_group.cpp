@@ -183,8 +183,7 @@ TpGroup::TpGroup(const Model& model, ContextParams params, int n) {
 
 TpGroup::~TpGroup() = default;
 
-void TpGroup::run(const std::function<void(int)>& fn) {
-  const std::vector<std::exception_ptr> errors = workers_->run(fn);
+std::exception_ptr tp_failure_cause(const std::vector<std::exception_ptr>& errors) {
   std::exception_ptr first, broken;
   for (const std::exception_ptr& e : errors) {
     if (!e) continue;
@@ -196,9 +195,14 @@ void TpGroup::run(const std::function<void(int)>& fn) {
       if (!first) first = e;
     }
   }
-  if (!first && !broken) return;
+  return first ? first : broken;
+}
+
+void TpGroup::run(const std::function<void(int)>& fn) {
+  const std::exception_ptr cause = tp_failure_cause(workers_->run(fn));
+  if (!cause) return;
   exchange_->reset();
-  std::rethrow_exception(first ? first : broken);
+  std::rethrow_exception(cause);
 }
 
 ForwardOutput TpGroup::forward(const Batch& batch, const float* hidden_in) {

@@ -6,6 +6,7 @@
 // bit for bit, for any group size.
 #pragma once
 
+#include <exception>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -19,6 +20,10 @@ namespace specmesh {
 struct TpGroupBroken : std::runtime_error {
   TpGroupBroken() : std::runtime_error("tensor-parallel group: another rank failed") {}
 };
+
+// Of the ranks' failures in one job (null: the rank did not fail), the cause: the first that is
+// not a broken wait (TpGroupBroken), else the first broken wait; null when none failed.
+std::exception_ptr tp_failure_cause(const std::vector<std::exception_ptr>& errors);
 
 // The exchange of a group whose ranks run on threads of one process: each rank's TpLink, and a
 // way out when a rank fails. Ranks of a group may run on any threads (TpGroup's, or device
