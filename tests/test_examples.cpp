@@ -39,6 +39,7 @@ using test::shell;
 // DFlash one, whose drafter was trained for stories-target-1M.
 std::string refdata_path() { return specmesh::test::refdata("gguf-models/stories260K.gguf"); }
 const std::string kDFlashExample = "dflash-stages.toml";
+const std::string kDFlashMesh = "dflash-mesh.toml";
 std::string dflash_target_path() { return specmesh::test::refdata("gguf-models/stories-target-1M.gguf"); }
 
 std::string cli(const std::string& args) { return std::string(SPECMESH_CLI_PATH) + " " + args; }
@@ -79,8 +80,11 @@ TEST(Examples, EveryTopologyParsesAndItsLayersResolve) {
                                                {"pipeline-3stage-standby.toml", 5},
                                                {"emulated-cluster.toml", 4},
                                                {"alspec-pair.toml", 3},
+                                               {"alspec-n300.toml", 3},
+                                               {"alspec-sp-tp4.toml", 3},
                                                {"pipeinfer-artifact.toml", 4},
-                                               {kDFlashExample, 3}};
+                                               {kDFlashExample, 3},
+                                               {kDFlashMesh, 2}};
   std::set<std::string> found;
   for (const auto& e : fs::directory_iterator(kExamples))
     if (e.path().extension() == ".toml") found.insert(e.path().filename().string());
@@ -91,7 +95,8 @@ TEST(Examples, EveryTopologyParsesAndItsLayersResolve) {
     Topology t = Topology::load(kExamples + name);
     const ModelSpec& m = t.models.at(t.run.model);
     ASSERT_TRUE(fs::exists(m.path)) << m.path;
-    EXPECT_EQ(fs::canonical(m.path), fs::canonical(name == kDFlashExample ? dflash_target_path() : refdata_path()));
+    const bool dflash = name == kDFlashExample || name == kDFlashMesh;
+    EXPECT_EQ(fs::canonical(m.path), fs::canonical(dflash ? dflash_target_path() : refdata_path()));
     const int n_layer = Model::load(m.path, m.tokenizer)->hparams().n_layer;
     t.resolve_layers("target", n_layer);
     int next = 0;
@@ -180,6 +185,10 @@ TEST(Examples, DFlashTopologyGeneratesTheTokensOfGenerate) {
   SPECMESH_REQUIRE_REFDATA();
   auto want = shell(cli("generate -m " + dflash_target_path() + " -p '" + kPrompt + "' -n 48 --temp 0 --json"));
   ASSERT_EQ(want.status, 0) << want.out;
+  // The emulated mesh: the target tensor-parallel over four chips, paced.
+  auto mesh = shell(cli("run " + kExamples + kDFlashMesh + " --spawn --port-base 0 -p '" + kPrompt + "' -n 48 --json"));
+  ASSERT_EQ(mesh.status, 0) << mesh.out;
+  EXPECT_EQ(test::last_json(mesh.out)["ids"], nlohmann::json::parse(want.out)["ids"]);
   for (const std::string params : {"", " --param async=true"}) {
     auto r = shell(cli("run " + kExamples + kDFlashExample + " --spawn -p '" + kPrompt + "' -n 48 --json" + params));
     ASSERT_EQ(r.status, 0) << r.out;

@@ -294,7 +294,7 @@ TEST(Topology, LinkAndProfileValuesAndIntegersOutsideTheirRangeAreRefusedWithThe
   // A virtual context drives measured timing curves only.
   EXPECT_EQ(err("[devices.d]\nprofile = \"rpi5\"\nvirtual_context = 4096"),
             "t.toml:6: devices.d.virtual_context: needs a profile with measured per-op timing (n150, n300, n300x2, t3k, "
-            "h100-tp4)");
+            "h100-tp4, p300-dflash)");
   EXPECT_EQ(err("[devices.d]\nprofile = \"n150\"\nvirtual_context = 0"),
             "t.toml:6: devices.d.virtual_context: expected a number of keys between 1 and 1099511627776, not 0");
   const Topology t = Topology::parse("[models.t]\npath = \"x\"\n[run]\n[devices.d]\nprofile = \"n150\"\nvirtual_context = 65536\n",

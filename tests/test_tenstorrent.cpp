@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include "specmesh/devices/device.hpp"
 #include "specmesh/devices/latency_tables.hpp"
@@ -219,6 +221,42 @@ TEST(TenstorrentProfiles, VirtualContextTimesAttentionAtTheChosenLength) {
   EXPECT_DOUBLE_EQ(p.seconds(head) - p.seconds(whole), 638529e-9);
   head.layers = 32;
   EXPECT_NEAR(p.seconds(head), tp_token_seconds(m, 4, 128 * K), 1e-12);
+}
+
+TEST(TenstorrentProfiles, VirtualLayersTimeAWholePassAsADeeperModel) {
+  const MeshTiming& m = wormhole_llama31_8b();
+  DeviceProfile p = *device_profile("n300x2");
+  p.virtual_context = 16 * K;
+  p.virtual_layers = 32;
+  WorkCost pass;
+  pass.layers = 6;  // the small model's stage
+  pass.tokens = 1;
+  pass.head = true;
+  EXPECT_NEAR(p.seconds(pass), tp_token_seconds(m, 4, 16 * K), 1e-12) << "a pass is timed as the 32-layer model's token";
+  // Ops timed a layer at a time (an ALSpec group's) are not scaled.
+  WorkCost op = pass;
+  op.layers = 1;
+  op.head = false;
+  op.part = LayerPart::rest;
+  EXPECT_DOUBLE_EQ(p.seconds(op), m.at(4).non_attention.at(16 * K));
+}
+
+TEST(TenstorrentProfiles, TheP300DrafterForwardIsTheReferencesMeasurement) {
+  const auto p = device_profile("p300-dflash");
+  ASSERT_TRUE(p && p->forward);
+  WorkCost c;
+  c.layers = 1;  // whatever the drafter's depth and work: the whole forward is one program
+  c.flops = 1e12;
+  for (const auto& [ctx, ms] : std::vector<std::pair<int64_t, double>>{{2000, 48.2}, {16000, 57.4}, {64000, 95.9}, {120000, 143.1}}) {
+    c.context = ctx;
+    EXPECT_NEAR(p->seconds(c), ms * 1e-3, 1e-12) << ctx;
+  }
+  c.context = 24000;  // between 16K (57.4 ms) and 32K (70.6 ms)
+  EXPECT_NEAR(p->seconds(c), 0.064, 1e-9);
+  DeviceProfile v = *p;
+  v.virtual_context = 120000;
+  c.context = 30;
+  EXPECT_NEAR(v.seconds(c), 0.1431, 1e-12);
 }
 
 TEST(TenstorrentProfiles, DeviceWaitsOutAVirtualLongContextToken) {

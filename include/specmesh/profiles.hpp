@@ -73,9 +73,15 @@ struct DeviceProfile {
   // Measured context-dependent timing; when set it replaces layer_s and the rates:
   // layers x (non-attention + attention by mode) + the fixed part when the cost has the head.
   std::optional<LayerTimes> times = std::nullopt;
+  // Measured duration of one whole forward pass of the device's model by context, whatever the
+  // work (a program timed as one, like a block drafter's forward); when set it replaces the rest.
+  std::optional<ContextCurve> forward = std::nullopt;
   // Not 0: time the layers as if the context were this long, whatever the real context (a small
   // model stands in for a long-context run); real compute is unchanged. Negative is an error.
   int64_t virtual_context = 0;
+  // Not 0: time a whole forward pass as if it ran this many layers, whatever the stage holds (a
+  // small model stands in for a deep one). Ops timed one layer at a time are not scaled.
+  int virtual_layers = 0;
 
   // Modelled duration of `cost` on this device (roofline: compute and memory overlap).
   double seconds(const WorkCost& cost) const;

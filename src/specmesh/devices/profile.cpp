@@ -37,15 +37,17 @@ double LayerTimes::alspec_hit_layer(double k) const {
 double LayerTimes::alspec_miss_layer(double k) const { return non_attention.at(k) + attention(AttnMode::spec_sender, k); }
 
 double DeviceProfile::seconds(const WorkCost& c) const {
+  // A negative virtual context is refused by the curves.
+  if (forward) return forward->at(effective_context(c.context));
+  const int layers = virtual_layers > 0 && c.part == LayerPart::whole && c.layers > 0 ? virtual_layers : c.layers;
   if (times) {
-    // A negative virtual context is refused by the curves.
     const double k = effective_context(c.context);
     double layer = 0;
     if (c.part != LayerPart::attention) layer += times->non_attention.at(k) + layer_token_s * std::max(0, c.tokens - 1);
     if (c.part != LayerPart::rest) layer += times->attention(c.attn, k);
-    return c.layers * layer + (c.head ? times->fixed.at(k) : 0);
+    return layers * layer + (c.head ? times->fixed.at(k) : 0);
   }
-  if (layer_s > 0 || layer_token_s > 0) return c.layers * (layer_s + layer_token_s * std::max(0, c.tokens - 1));
+  if (layer_s > 0 || layer_token_s > 0) return layers * (layer_s + layer_token_s * std::max(0, c.tokens - 1));
   const double compute = flops_per_s > 0 ? c.flops / flops_per_s : 0;
   const double memory = bytes_per_s > 0 ? c.bytes / bytes_per_s : 0;
   return std::max(compute, memory) + c.ops * op_overhead_s;

@@ -73,7 +73,8 @@ DeviceProfile mesh_profile(const MeshTiming& m, int tp, std::string name);
 
 // "n150", "n300", "n300x2", "t3k" (Wormhole at tp 1, 2, 4, 8) and "h100-tp4". The paper
 // measured N150 chips joined by Ethernet; the n300 boards carry the same Wormhole chips, so the
-// multi-chip tables stand in for the boards.
+// multi-chip tables stand in for the boards. "p300-dflash": the DFlash reference's drafter
+// forward on one Blackhole p300 chip, a whole pass by context (DeviceProfile::forward).
 std::optional<DeviceProfile> accelerator_profile(const std::string& name);
 std::vector<std::string> accelerator_profile_names();
 

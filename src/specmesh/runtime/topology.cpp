@@ -263,7 +263,7 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
     for (const auto& [name, v] : table_at(e, *n, "devices")) {
       const std::string pre = "devices." + std::string(name.str()) + ".";
       const auto& m = table_at(e, v, pre);
-      check_keys(e, m, pre, {"node", "threads", "profile", "standby", "virtual_context"});
+      check_keys(e, m, pre, {"node", "threads", "profile", "standby", "virtual_context", "virtual_layers"});
       DeviceSpec s;
       s.name = std::string(name.str());
       s.node = get<std::string>(e, m, pre, "node", t.head_node);
@@ -293,10 +293,15 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
         for (const std::string& a : accelerator_profile_names()) accelerators += (accelerators.empty() ? "" : ", ") + a;
         // The context a measured profile's curves are read at, whatever the real context is:
         // a long context's timing with a small model.
-        if (!s.profile || !s.profile->times)
+        if (!s.profile || (!s.profile->times && !s.profile->forward))
           e.fail(vc, pre + "virtual_context", "needs a profile with measured per-op timing (" + accelerators + ")");
         s.profile->virtual_context = integer(e, *vc, pre + "virtual_context", 1, int64_t(1) << 40,
                                              "expected a number of keys");
+      }
+      if (const toml::node* vl = m.get("virtual_layers")) {
+        // A forward pass timed as this many layers (a small model standing in for a deep one).
+        if (!s.profile) e.fail(vl, pre + "virtual_layers", "needs a profile to time the layers with");
+        s.profile->virtual_layers = int(integer(e, *vl, pre + "virtual_layers", 1, 100000, "expected a number of layers"));
       }
       t.devices[s.name] = s;
     }
