@@ -257,6 +257,7 @@ TEST(TenstorrentProfiles, TheP300DrafterForwardIsTheReferencesMeasurement) {
   v.virtual_context = 120000;
   c.context = 30;
   EXPECT_NEAR(v.seconds(c), 0.1431, 1e-12);
+  EXPECT_EQ(v.seconds(WorkCost{}), 0.0) << "a job without model work (a cache operation) takes no modelled time";
 }
 
 TEST(TenstorrentProfiles, DeviceWaitsOutAVirtualLongContextToken) {

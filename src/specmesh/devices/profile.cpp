@@ -38,7 +38,8 @@ double LayerTimes::alspec_miss_layer(double k) const { return non_attention.at(k
 
 double DeviceProfile::seconds(const WorkCost& c) const {
   // A negative virtual context is refused by the curves.
-  if (forward) return forward->at(effective_context(c.context));
+  // A job that did no model work (a cache operation, a job paced on its own) costs nothing.
+  if (forward) return c.layers > 0 || c.tokens > 0 ? forward->at(effective_context(c.context)) : 0.0;
   const int layers = virtual_layers > 0 && c.part == LayerPart::whole && c.layers > 0 ? virtual_layers : c.layers;
   if (times) {
     const double k = effective_context(c.context);
