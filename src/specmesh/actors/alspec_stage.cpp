@@ -272,7 +272,8 @@ void step(Group& g, int r, uint64_t run, const Batch& batch) {
         pace(t0, LayerPart::attention, AttnMode::spec_receiver);
         if (lead)
           send(SyncKind::handoff, il,
-               {f32_vector(h.residual), f32_vector(std::move(k)), f32_vector(std::move(v)), f32_vector(std::move(spec))});
+               {f32_vector(h.residual), f32_vector(std::move(k)), f32_vector(std::move(v)),
+                f32_vector(std::move(spec))});
       });
       pace(t0, LayerPart::attention, AttnMode::spec_sender);
       const bool hit = !st.force_miss &&
@@ -313,7 +314,10 @@ void step(Group& g, int r, uint64_t run, const Batch& batch) {
       broadcast(g, r, packed, packed.size());
       const float* base = packed.data();
       const size_t kv0 = heads.begin * D, kv_n = heads.size() * D;
-      dev.receive(il, {{base, E}, {base + E + kv0, kv_n}, {base + E + KV + kv0, kv_n}, {base + E + 2 * KV + kv0 * group, kv_n * group}});
+      dev.receive(il, {{base, E},
+                       {base + E + kv0, kv_n},
+                       {base + E + KV + kv0, kv_n},
+                       {base + E + 2 * KV + kv0 * group, kv_n * group}});
       pace(t0, LayerPart::rest, AttnMode::flash);
       received_at = il;
       received_last = true;

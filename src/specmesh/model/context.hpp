@@ -75,8 +75,8 @@ class Context {
   TpLink* tp_link() const { return link_; }
   // This rank's KV heads, and its widths of q and of a K/V row (the model's without TP).
   RowRange kv_heads() const { return kv_heads_; }
-  int q_dim() const { return int(kv_heads_.size()) * model_.hparams().n_head / model_.hparams().n_head_kv * model_.hparams().head_dim; }
   int kv_dim() const { return int(kv_heads_.size()) * model_.hparams().head_dim; }
+  int q_dim() const { return kv_dim() * (model_.hparams().n_head / model_.hparams().n_head_kv); }
 
   // Runs the batch through this context's layers. A context starting at layer 0 embeds
   // batch.tokens; a later stage takes `hidden_in` (n_batch x n_embd). A context ending before
@@ -97,9 +97,9 @@ class Context {
   // visible cell, the default). A token in several sequences uses the lowest one's view.
   void set_view(int seq, std::shared_ptr<const KvView> view);
 
-  // The post-RoPE query (q_dim(): this rank's heads) of the last token of the latest forward pass in `layer` (one of
-  // this context's), and that token's position (-1 before any pass): what a retrieval cache is
-  // scored with (retrieval_cache.hpp).
+  // The post-RoPE query (q_dim(): this rank's heads) of the last token of the latest forward
+  // pass in `layer` (one of this context's), and that token's position (-1 before any pass):
+  // what a retrieval cache is scored with (retrieval_cache.hpp).
   const std::vector<float>& last_query(int layer) const;
   int32_t last_query_pos() const { return last_query_pos_; }
 

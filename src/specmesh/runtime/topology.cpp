@@ -301,7 +301,8 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
       if (const toml::node* vl = m.get("virtual_layers")) {
         // A forward pass timed as this many layers (a small model standing in for a deep one).
         if (!s.profile) e.fail(vl, pre + "virtual_layers", "needs a profile to time the layers with");
-        s.profile->virtual_layers = int(integer(e, *vl, pre + "virtual_layers", 1, 100000, "expected a number of layers"));
+        s.profile->virtual_layers =
+            int(integer(e, *vl, pre + "virtual_layers", 1, 100000, "expected a number of layers"));
       }
       t.devices[s.name] = s;
     }

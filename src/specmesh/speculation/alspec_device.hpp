@@ -47,9 +47,9 @@ struct AlspecSettings {
 // What the sender gives the receiver at one attention: its residual stream (n_embd), the
 // token's K and V rows of that layer (kv_dim each) and the speculative output (q_dim). Under
 // tensor parallelism rank r of the sender's group gives rank r of the receiver's: the whole
-// residual, and the K/V rows and speculative output of its heads (Context::kv_dim, q_dim). Views
-// into the sender's state, valid until its settle(); a receiver in another process gets them
-// over the wire and views the message.
+// residual, and the K/V rows and speculative output of its heads (Context::kv_dim, q_dim).
+// Views into the sender's state, valid until its settle(); a receiver in another process gets
+// them over the wire and views the message.
 struct AlspecHandoff {
   std::span<const float> residual, k, v, spec;
   size_t bytes() const { return (residual.size() + k.size() + v.size() + spec.size()) * sizeof(float); }
@@ -69,9 +69,10 @@ class AlspecDevice {
   bool is_sender() const { return gate_.role() == AlspecRole::Sender; }
 
   // Sender: this layer's attention; returns the hand-off for the receiver. A tensor-parallel
-  // rank sums the check's squares over its group (every rank of a group calls it at once). `ship`, when given,
-  // gets the hand-off as soon as the speculative output is ready, while the middle of the full
-  // attention is still to be computed: sending it there is what lets the receiver overlap.
+  // rank sums the check's squares over its group (every rank of a group calls it at once).
+  // `ship`, when given, gets the hand-off as soon as the speculative output is ready, while the
+  // middle of the full attention is still to be computed: sending it there is what lets the
+  // receiver overlap.
   AlspecHandoff attend(int il, const std::function<void(const AlspecHandoff&)>& ship = {});
   const SpecCheck& check() const { return check_; }
   // Sender, after attend(): records the verdict and runs post-attention on a miss.
