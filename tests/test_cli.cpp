@@ -63,6 +63,23 @@ TEST(Cli, TriForceWithoutItsDraftNeedsOnlyTheTarget) {
   EXPECT_NE(missing.out.find("\"triforce\" needs a pipeline for role \"draft\""), std::string::npos) << missing.out;
 }
 
+TEST(Cli, GenerateSplitOverDevicesGivesTheSameTokens) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string base = "generate -m " + refdata("gguf-models/stories-target-1M.gguf") +
+                           " -p 'Once upon a time' -n 40 --temp 0 --json -t 2";
+  auto one = run(base);
+  ASSERT_EQ(one.status, 0) << one.out;
+  for (const std::string extra : {" --tp 2", " --tp 4", " --tp 2 --strategy alspec --param lambda=0 --param window=8"}) {
+    auto split = run(base + extra);
+    ASSERT_EQ(split.status, 0) << extra << ": " << split.out;
+    EXPECT_EQ(nlohmann::json::parse(split.out)["ids"], nlohmann::json::parse(one.out)["ids"]) << extra;
+  }
+  auto too_many = run(base + " --tp 5");  // 4 KV heads
+  EXPECT_NE(too_many.status, 0);
+  EXPECT_NE(too_many.out.find("generate: stages: tensor parallelism: 5 devices for 4 KV heads"), std::string::npos)
+      << too_many.out;
+}
+
 TEST(Cli, GenerateStopsAtBosForLlama2c) {
   SPECMESH_REQUIRE_REFDATA();
   // target-1M ends a story (emits BOS) within 400 tokens of "Once upon a time" (MODELS.md).

@@ -1,6 +1,7 @@
 // `specmesh generate`: one process. The command line fills a configuration (the same struct a
 // topology file fills) with the target and any draft on devices of their own, and runs it
 // through the runtime, whatever the strategy.
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <filesystem>
@@ -23,6 +24,7 @@ struct GenerateOptions {
   std::vector<std::string> drafts;  // roles draft, draft2, draft3, ...
   int n_predict = 128;
   int threads = 0;
+  int tp = 1;  // devices each target-model stage is split over
   int n_ctx = 0;
   std::string kv_type;  // empty: the default (kv_rows.hpp)
   float temp = 0.8f, top_p = 1.0f, min_p = 0.0f;
@@ -48,8 +50,22 @@ Topology configuration(const GenerateOptions& o, const CLI::App& cmd, int thread
   // An attention-level speculation partner runs the target's model on a device of its own.
   if (const StrategyInfo* s = o.strategy.empty() ? nullptr : find_strategy(o.strategy); s && !s->pair_role.empty())
     roles.emplace(s->pair_role, ModelSpec{s->pair_role, target.path, target.tokenizer});
-  Topology t = Topology::single_process(target, roles, threads);
+  // With --tp the threads are shared out among the devices of each split stage.
+  Topology t = Topology::single_process(target, roles, o.tp > 1 ? std::max(1, threads / o.tp) : threads);
   t.path = "generate";
+  if (o.tp > 1) {
+    // Every stage of the target's model (the target's, and an ALSpec partner's) over o.tp
+    // devices: tensor-parallel ranks of this process.
+    for (StageSpec& st : t.stages) {
+      if (t.models.at(st.model).path != target.path) continue;
+      for (int r = 1; r < o.tp; ++r) {
+        DeviceSpec d = t.devices.at(st.device);
+        d.name = st.device + "-tp" + std::to_string(r);
+        t.devices[d.name] = d;
+        st.tensor_parallel.push_back(d.name);
+      }
+    }
+  }
   t.run.strategy = o.strategy;
   t.run.params = o.params.values(cmd);
   t.run.n_predict = o.n_predict;
@@ -130,6 +146,11 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--keep", o->n_keep, "tokens of the prompt a context shift keeps (-1: all of it)")
       ->check(CLI::Range(-1, std::numeric_limits<int>::max()));
   cmd->add_option("-t,--threads", o->threads, "compute threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--tp", o->tp,
+                  "split the target's model over this many devices (tensor parallelism, at most its KV heads; "
+                  "the threads are shared among them); the output is the same. On one CPU the threads of one "
+                  "device are faster: each device keeps 1/N of the KV cache")
+      ->check(CLI::Range(1, 256));
   cmd->add_option("-c,--ctx", o->n_ctx, "context size in tokens (default: the model's, at most 4096)")->check(CLI::NonNegativeNumber);
   add_kv_type_option(*cmd, o->kv_type, kv_type_name(kDefaultKvType));
   cmd->add_option("--temp", o->temp, "temperature; 0 is greedy")->check(finite_in(0, 1e6));

@@ -210,7 +210,7 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
       } catch (const std::invalid_argument& e) {
         // What the stage cannot be built with is the file's error (a group too large to split).
         if (s.tensor_parallel.empty()) throw;
-        throw ConfigError(topo.path + ":" + std::to_string(s.line) + ": stages: " + e.what());
+        throw ConfigError(topo.path + (s.line > 0 ? ":" + std::to_string(s.line) : "") + ": stages: " + e.what());
       }
       actors_.push_back(a);
       // Work reaches a stage from the one before it; the first stage's from the head, or for
