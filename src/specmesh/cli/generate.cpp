@@ -148,8 +148,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("-t,--threads", o->threads, "compute threads (default: all cores)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--tp", o->tp,
                   "split the target's model over this many devices (tensor parallelism, at most its KV heads; "
-                  "the threads are shared among them); the output is the same. On one CPU the threads of one "
-                  "device are faster: each device keeps 1/N of the KV cache")
+                  "the threads are shared among them; each keeps 1/N of the KV cache); the output is the same")
       ->check(CLI::Range(1, 256));
   cmd->add_option("-c,--ctx", o->n_ctx, "context size in tokens (default: the model's, at most 4096)")->check(CLI::NonNegativeNumber);
   add_kv_type_option(*cmd, o->kv_type, kv_type_name(kDefaultKvType));
