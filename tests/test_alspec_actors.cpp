@@ -214,7 +214,8 @@ TEST(AlspecActors, TensorParallelStagesAreChecked) {
                    receiver,
                "t.toml:27: stages: tensor parallelism: 5 devices for 4 KV heads");
   expect_error("[[stages]]\nrole = \"target\"\ndevice = \"a\"\nfraction = 1.0\ntensor_parallel = [\"a1\", \"a4\"]\n" + receiver,
-               "device \"a4\" already computes for role \"receiver\"");
+               "t.toml:34: stages[1].device: device 'a4' also computes for stages[0]; the devices of a "
+               "tensor-parallel stage are its own");
 }
 
 TEST(AlspecActors, LambdaZeroAndForcedMissEqualPlainDecodingInProcess) {

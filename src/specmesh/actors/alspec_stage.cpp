@@ -233,20 +233,35 @@ void step(Group& g, int r, uint64_t run, const Batch& batch) {
     sent_last = received_last = false;
     return other;
   };
-  // This rank's columns of a whole K/V row or attention output, and the whole from every rank's.
+  // This rank's columns of the K/V rows and the attention output, and each rank's share of the
+  // three together: the sender's ranks gather them in one exchange.
   const RowRange heads = rank.ctx->kv_heads();
   const size_t D = size_t(hp.head_dim), group = size_t(hp.n_head / hp.n_head_kv);
   const size_t E = size_t(hp.n_embd), KV = size_t(hp.kv_dim()), Q = size_t(hp.q_dim());
-  std::vector<size_t> kv_shares, q_shares;
-  for (int k = 0; k < g.size(); ++k) {
-    kv_shares.push_back(tp_kv_heads(hp.n_head_kv, {k, g.size()}).size() * D);
-    q_shares.push_back(kv_shares.back() * group);
-  }
-  auto whole_of = [&](std::span<const float> mine, const std::vector<size_t>& shares, size_t total) {
-    if (!link) return std::vector<float>(mine.begin(), mine.end());
-    std::vector<float> out(total);
-    link->all_gather(mine.data(), 1, shares.data(), total, out.data());
-    return out;
+  std::vector<size_t> kv_shares, handoff_shares;
+  tp_head_shares(hp.n_head_kv, D, g.size(), kv_shares);
+  tp_head_shares(hp.n_head_kv, D * (2 + group), g.size(), handoff_shares);
+  // The whole K and V rows and speculative output from every rank's share of them.
+  auto whole_handoff = [&](const AlspecHandoff& h, std::vector<float>& k, std::vector<float>& v,
+                           std::vector<float>& spec) {
+    if (!link) {
+      k.assign(h.k.begin(), h.k.end());
+      v.assign(h.v.begin(), h.v.end());
+      spec.assign(h.spec.begin(), h.spec.end());
+      return;
+    }
+    std::vector<float> mine(h.k.begin(), h.k.end());
+    mine.insert(mine.end(), h.v.begin(), h.v.end());
+    mine.insert(mine.end(), h.spec.begin(), h.spec.end());
+    std::vector<float> all(2 * KV + Q);
+    link->all_gather(mine.data(), 1, handoff_shares.data(), all.size(), all.data());
+    const float* part = all.data();  // rank by rank: its K, V and speculative output
+    for (size_t kv : kv_shares) {
+      k.insert(k.end(), part, part + kv);
+      v.insert(v.end(), part + kv, part + 2 * kv);
+      spec.insert(spec.end(), part + 2 * kv, part + 2 * kv + kv * group);
+      part += (2 + group) * kv;
+    }
   };
 
   if (lead) g.inbox.forget_before(run);
@@ -267,8 +282,8 @@ void step(Group& g, int r, uint64_t run, const Batch& batch) {
       // tensor-parallel group first gathers its ranks' K/V rows and speculative outputs: the
       // message carries whole rows, whatever the groups' sizes.
       dev.attend(il, [&](const AlspecHandoff& h) {
-        std::vector<float> k = whole_of(h.k, kv_shares, KV), v = whole_of(h.v, kv_shares, KV),
-                           spec = whole_of(h.spec, q_shares, Q);
+        std::vector<float> k, v, spec;
+        whole_handoff(h, k, v, spec);
         pace(t0, LayerPart::attention, AttnMode::spec_receiver);
         if (lead)
           send(SyncKind::handoff, il,
@@ -303,8 +318,9 @@ void step(Group& g, int r, uint64_t run, const Batch& batch) {
         const AttentionSync m = g.inbox.take(run, SyncKind::handoff, il, g.cfg.peer_timeout, give_up);
         t0 = Clock::now();
         const size_t want[4] = {E, KV, KV, Q};
+        std::vector<float> scratch;
         for (size_t t = 0; t < 4; ++t) {
-          const std::vector<float> part = m.tensors[t].data.to_vector<float>();
+          const std::span<const float> part = floats(m.tensors[t], scratch);
           if (part.size() != want[t])
             throw std::invalid_argument("ALSpec: the hand-off does not match the model's dimensions");
           packed.insert(packed.end(), part.begin(), part.end());

@@ -161,15 +161,12 @@ void ForwardPass::build_cell_lists(int il) {
   lists_built_ = true;
 }
 
-void ForwardPass::gather(const float* mine, size_t total, bool by_heads, float* out) {
-  const TpShard tp = ctx_.tp();
+void ForwardPass::gather(const float* mine, size_t rows, size_t total, bool by_heads, float* out) {
+  const int size = ctx_.tp().size;
   const HParams& hp = ctx_.model().hparams();
-  const size_t per_kv_head = size_t(hp.n_head / hp.n_head_kv) * size_t(hp.head_dim);
-  shares_.resize(size_t(tp.size));
-  for (int r = 0; r < tp.size; ++r)
-    shares_[size_t(r)] = by_heads ? tp_kv_heads(hp.n_head_kv, {r, tp.size}).size() * per_kv_head
-                                  : tp_rows(total, {r, tp.size}).size();
-  ctx_.tp_link()->all_gather(mine, size(), shares_.data(), total, out);
+  if (by_heads) tp_head_shares(hp.n_head_kv, size_t(hp.n_head / hp.n_head_kv) * size_t(hp.head_dim), size, shares_);
+  else tp_row_shares(total, size, shares_);
+  ctx_.tp_link()->all_gather(mine, rows, shares_.data(), total, out);
 }
 
 const float* ForwardPass::project(const WeightView& w, const float* in, std::vector<float>& local,
@@ -183,7 +180,7 @@ const float* ForwardPass::project(const WeightView& w, const float* in, std::vec
   const RowRange rows = tp_rows(w.rows, ctx_.tp());
   local.resize(n * rows.size());
   matmul_rows(w, rows.begin, rows.end, in, n, local.data(), ctx_.pool());
-  gather(local.data(), w.rows, false, whole.data());
+  gather(local.data(), n, w.rows, false, whole.data());
   return whole.data();
 }
 
@@ -196,7 +193,7 @@ void ForwardPass::post_attention(int il, const float* att) {
 
   if (tp) {  // every rank's heads
     att_.resize(n * size_t(hp.q_dim()));
-    gather(att, size_t(hp.q_dim()), true, att_.data());
+    gather(att, n, size_t(hp.q_dim()), true, att_.data());
     att = att_.data();
   }
   const float* proj = project(w.wo, att, local_, proj_);
@@ -214,7 +211,7 @@ void ForwardPass::post_attention(int il, const float* att) {
   const float* inner = gate_.data();
   if (tp) {
     inner_.resize(n * size_t(hp.n_ff));
-    gather(gate_.data(), size_t(hp.n_ff), false, inner_.data());
+    gather(gate_.data(), n, size_t(hp.n_ff), false, inner_.data());
     inner = inner_.data();
   }
   proj = project(w.w_down, inner, local_, proj_);
@@ -250,9 +247,7 @@ ForwardOutput ForwardPass::output() {
   const RowRange rows = tp_rows(size_t(hp.n_vocab), ctx_.tp());
   local_.resize(r * rows.size());
   matmul_rows(model.output, rows.begin, rows.end, normed.data(), r, local_.data(), ctx_.pool());
-  shares_.resize(size_t(ctx_.tp().size));
-  for (int k = 0; k < ctx_.tp().size; ++k) shares_[size_t(k)] = tp_rows(size_t(hp.n_vocab), {k, ctx_.tp().size}).size();
-  ctx_.tp_link()->all_gather(local_.data(), r, shares_.data(), size_t(hp.n_vocab), out.logits.data());
+  gather(local_.data(), r, size_t(hp.n_vocab), false, out.logits.data());
   return out;
 }
 

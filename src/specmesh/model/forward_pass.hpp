@@ -86,9 +86,9 @@ class ForwardPass {
   // Tensor parallelism: this rank's rows, and the whole matrices gathered from the group.
   std::vector<float> local_, att_, inner_;
   std::vector<size_t> shares_;
-  // Gathers the group's columns of an n_batch x total matrix, split by KV heads (the attention
+  // Gathers the group's columns of a rows x total matrix, split by KV heads (the attention
   // output) or by tp_rows.
-  void gather(const float* mine, size_t total, bool by_heads, float* out);
+  void gather(const float* mine, size_t rows, size_t total, bool by_heads, float* out);
   // w x in for every batch token: all rows, or this rank's rows gathered from the group into
   // `whole`; returns whole's data.
   const float* project(const WeightView& w, const float* in, std::vector<float>& local, std::vector<float>& whole);

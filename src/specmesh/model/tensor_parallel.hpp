@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace specmesh {
 
@@ -45,6 +46,17 @@ inline RowRange tp_rows(size_t total, TpShard s, size_t align = 32) {
 // Rank r's KV heads: an even split, every rank at least one.
 inline RowRange tp_kv_heads(int n_head_kv, TpShard s) {
   return {size_t(n_head_kv) * size_t(s.rank) / size_t(s.size), size_t(n_head_kv) * size_t(s.rank + 1) / size_t(s.size)};
+}
+
+// Every rank's column count of a matrix split by tp_rows (`total` columns) or by KV heads
+// (`per_kv_head` columns each), into `out` (size entries): the shares TpLink::all_gather takes.
+inline void tp_row_shares(size_t total, int size, std::vector<size_t>& out) {
+  out.resize(size_t(size));
+  for (int r = 0; r < size; ++r) out[size_t(r)] = tp_rows(total, {r, size}).size();
+}
+inline void tp_head_shares(int n_head_kv, size_t per_kv_head, int size, std::vector<size_t>& out) {
+  out.resize(size_t(size));
+  for (int r = 0; r < size; ++r) out[size_t(r)] = tp_kv_heads(n_head_kv, {r, size}).size() * per_kv_head;
 }
 
 // Throws std::invalid_argument unless the shard is one of a group the model can be split into.

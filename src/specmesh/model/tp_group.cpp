@@ -104,81 +104,6 @@ TpLink& TpExchange::link(int rank) { return *links_.at(size_t(rank)); }
 void TpExchange::fail() { state_->fail(); }
 void TpExchange::reset() { state_->reset(); }
 
-// Ranks 1..n-1 each on a thread that lives as long as the group, so a decode step's several
-// runs start no threads.
-class TpGroup::Workers {
- public:
-  explicit Workers(int n) : errors_(size_t(n)) {
-    for (int r = 1; r < n; ++r) threads_.emplace_back([this, r] { loop(r); });
-  }
-  ~Workers() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (std::thread& t : threads_) t.join();
-  }
-
-  // Runs job(r) on every rank; returns each rank's exception (or null).
-  std::vector<std::exception_ptr> run(const std::function<void(int)>& job) {
-    {
-      std::lock_guard lock(mu_);
-      job_ = &job;
-      pending_ = int(threads_.size());
-      std::fill(errors_.begin(), errors_.end(), nullptr);
-      ++generation_;
-    }
-    cv_.notify_all();
-    try {
-      job(0);
-    } catch (...) {
-      errors_[0] = std::current_exception();
-      if (on_error_) on_error_();
-    }
-    std::unique_lock lock(mu_);
-    done_.wait(lock, [&] { return pending_ == 0; });
-    job_ = nullptr;
-    return errors_;
-  }
-  void on_error(std::function<void()> f) { on_error_ = std::move(f); }
-
- private:
-  void loop(int r) {
-    uint64_t seen = 0;
-    for (;;) {
-      const std::function<void(int)>* job;
-      {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
-        seen = generation_;
-        job = job_;
-      }
-      std::exception_ptr err;
-      try {
-        (*job)(r);
-      } catch (...) {
-        err = std::current_exception();
-        if (on_error_) on_error_();
-      }
-      std::lock_guard lock(mu_);
-      errors_[size_t(r)] = err;
-      if (--pending_ == 0) done_.notify_one();
-    }
-  }
-
-  std::vector<std::thread> threads_;
-  std::mutex mu_;
-  std::condition_variable cv_, done_;
-  const std::function<void(int)>* job_ = nullptr;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
-  std::vector<std::exception_ptr> errors_;
-  std::function<void()> on_error_;
-};
-
 TpGroup::TpGroup(const Model& model, ContextParams params, int n) {
   check_tp_shard({0, n}, model.hparams().n_head_kv);
   exchange_ = std::make_unique<TpExchange>(n);
@@ -188,8 +113,9 @@ TpGroup::TpGroup(const Model& model, ContextParams params, int n) {
     p.tp_link = n > 1 ? &exchange_->link(r) : nullptr;
     ctx_.push_back(std::make_unique<Context>(model, p));
   }
-  workers_ = std::make_unique<Workers>(n);
-  workers_->on_error([ex = exchange_.get()] { ex->fail(); });
+  // A thread per rank (the caller is rank 0), living as long as the group, so a decode step's
+  // several runs start no threads.
+  threads_ = std::make_unique<ThreadPool>(n);
 }
 
 TpGroup::~TpGroup() = default;
@@ -210,7 +136,16 @@ std::exception_ptr tp_failure_cause(const std::vector<std::exception_ptr>& error
 }
 
 void TpGroup::run(const std::function<void(int)>& fn) {
-  const std::exception_ptr cause = tp_failure_cause(workers_->run(fn));
+  std::vector<std::exception_ptr> errors(ctx_.size());
+  threads_->run([&](int r, int) {
+    try {
+      fn(r);
+    } catch (...) {
+      errors[size_t(r)] = std::current_exception();
+      exchange_->fail();  // the other ranks stop waiting for this one
+    }
+  });
+  const std::exception_ptr cause = tp_failure_cause(errors);
   if (!cause) return;
   exchange_->reset();
   std::rethrow_exception(cause);

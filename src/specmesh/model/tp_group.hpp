@@ -67,10 +67,9 @@ class TpGroup {
   ForwardOutput forward(const Batch& batch, const float* hidden_in = nullptr);
 
  private:
-  class Workers;
   std::unique_ptr<TpExchange> exchange_;
   std::vector<std::unique_ptr<Context>> ctx_;
-  std::unique_ptr<Workers> workers_;
+  std::unique_ptr<ThreadPool> threads_;
 };
 
 }  // namespace specmesh

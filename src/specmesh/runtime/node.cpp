@@ -142,16 +142,7 @@ NodeHost::NodeHost(caf::actor_system& sys, const Topology& topo, const std::stri
       throw ConfigError(topo.path + ": roles \"" + kTargetRole + "\" and \"" + pair_role +
                         "\" speculate on each other's attention and need devices of their own (both use \"" +
                         target[0]->device + "\")");
-    std::set<std::string> used{target[0]->device};
-    used.insert(target[0]->tensor_parallel.begin(), target[0]->tensor_parallel.end());
-    for (const std::string& d : partner[0]->tensor_parallel)
-      if (used.count(d))
-        throw ConfigError(topo.path + ":" + std::to_string(partner[0]->line) + ": stages: tensor_parallel: device \"" +
-                          d + "\" already computes for role \"" + kTargetRole + "\"");
-    for (const std::string& d : target[0]->tensor_parallel)
-      if (d == partner[0]->device)
-        throw ConfigError(topo.path + ":" + std::to_string(target[0]->line) + ": stages: tensor_parallel: device \"" +
-                          d + "\" already computes for role \"" + pair_role + "\"");
+    // A device shared through a tensor-parallel stage is refused with the file (Topology).
   }
 
   // Block drafting: the drafter's role is one DFlash stage, fed by the target's stages' taps.

@@ -391,6 +391,25 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
         if (!(s.fraction > 0 && s.fraction <= 1)) e.fail(m.get("fraction") ? m.get("fraction") : arr->get(i), pre + "fraction",
                                                         "each stage needs layers = [a, b] or a fraction in (0, 1]");
       }
+      // A split stage's ranks wait for each other inside a job, so a device that also ran
+      // another stage's jobs could hold one rank while the other stage's rank waits behind it:
+      // the devices of a split stage are its own.
+      auto devices = [](const StageSpec& st) {
+        std::vector<std::string> d{st.device};
+        d.insert(d.end(), st.tensor_parallel.begin(), st.tensor_parallel.end());
+        return d;
+      };
+      for (size_t k = 0; k < t.stages.size(); ++k) {
+        const StageSpec& other = t.stages[k];
+        if (s.tensor_parallel.empty() && other.tensor_parallel.empty()) continue;
+        for (const std::string& d : devices(s)) {
+          const std::vector<std::string> theirs = devices(other);
+          if (std::find(theirs.begin(), theirs.end(), d) == theirs.end()) continue;
+          const std::string key = s.tensor_parallel.empty() ? "device" : "tensor_parallel";
+          e.fail(m.get(key), pre + key, "device '" + d + "' also computes for stages[" + std::to_string(k) +
+                                            "]; the devices of a tensor-parallel stage are its own");
+        }
+      }
       t.stages.push_back(s);
     }
   }
