@@ -87,27 +87,6 @@ struct Sample {
   double cpu = 0;
 };
 
-// Streaming read bandwidth (GB/s) over a buffer much larger than the caches, like the
-// read-only part of STREAM: each thread sums its own contiguous share, the best of `reps`.
-double read_bandwidth(ThreadPool& pool, size_t bytes, int reps = 5) {
-  static std::vector<uint64_t> buf;
-  if (buf.size() * 8 < bytes) buf.assign(bytes / 8, 1);
-  // Each thread's share: a multiple of the 32 words read_sum takes at a time.
-  const size_t per = bytes / 8 / size_t(pool.size()) / 32 * 32;
-  double best = 0;
-  std::vector<uint64_t> partial(pool.size() * 8);  // a cache line per thread
-  for (int rep = 0; rep < reps; ++rep) {
-    auto t0 = Clock::now();
-    pool.run([&](int ith, int) { partial[ith * 8] = bench::read_sum(buf.data(), per * ith, per * (ith + 1)); });
-    const double sec = seconds_since(t0);
-    uint64_t check = 0;
-    for (uint64_t p : partial) check += p;
-    if (check == 0) std::fprintf(stderr, "impossible\n");  // keeps the loads alive
-    best = std::max(best, double(per * size_t(pool.size())) * 8.0 / sec / 1e9);
-  }
-  return best;
-}
-
 // --- peak arithmetic rates ---------------------------------------------------------------
 // Twelve independent accumulator chains per thread hide the instruction latencies, so these
 // loops run at the core's issue limit. Returns operations (a multiply-add counts 2) per second.
@@ -237,7 +216,7 @@ std::vector<Sample> per_path(const std::vector<std::string>& isas, int rounds, c
   std::vector<double> bw;
   for (int r = 0; r < rounds; ++r)
     for (size_t i = 0; i < isas.size(); ++i) {
-      if (bandwidth) bw.push_back(read_bandwidth(*pool, size_t(1) << 29, 2));
+      if (bandwidth) bw.push_back(bench::read_bandwidth(*pool, size_t(1) << 29, 2));
       if (!matmul_set_isa(isas[i].c_str())) throw std::runtime_error("this CPU cannot run the " + isas[i] + " path");
       const double c0 = cpu_seconds();
       tps[i].push_back(fn());
@@ -331,7 +310,7 @@ int main(int argc, char** argv) {
     const double weight_bytes = double(model->weight_bytes_per_token());
     for (int th : split_ints(threads)) {
       ThreadPool pool(th);
-      const double bw = read_bandwidth(pool, size_t(1) << 30);
+      const double bw = bench::read_bandwidth(pool, size_t(1) << 30);
       double row_bw = 0;
       const Peaks pk = peaks(pool);
       // BF16 weights take bf16 dot products where the path has them (matmul_bf16_dot).

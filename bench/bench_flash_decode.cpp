@@ -154,6 +154,68 @@ void ratio_table() {
   }
 }
 
+// What bounds long-context decode with an F16 cache: the decode shape of bench_decode's
+// tinyllama-1.1b preset (32 query heads, 4 KV heads of 64, 22 layers), 2 threads, the keys and
+// values read as KV bytes per second in two places. In cache: one layer of 4096 keys (4 MiB,
+// the two cores' L2 and the L3), the same layer again and again, so the rate is the kernel's
+// compute (fewer keys would time the pool's wake-up and the merge more than the kernel). From memory: every layer at 16384 keys (360 MiB), layer after layer as a decode step
+// reads them, so nothing is cached between passes. If the first rate is not well above the
+// second, or below the machine's read bandwidth (measured last), the kernel's arithmetic and not
+// the memory bounds decode at depth.
+void ceiling_table() {
+  constexpr HeadShape shape{32, 4, 64};
+  constexpr int kLayers = 22;
+  const size_t stride = size_t(shape.n_head_kv) * shape.head_dim;
+  const char* env = std::getenv("SPECMESH_BENCH_ROUNDS");
+  const int rounds = std::max(3, env != nullptr ? std::atoi(env) : 15);
+  ThreadPool& tp = pool(2);
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> bits(0, 0x3ff);
+  // F16 values in (-2, 2): a random mantissa, exponent 0 or -1 and a random sign.
+  auto f16 = [&] { return uint16_t((rng() & 0x8000) | ((rng() & 1) ? 0x3c00 : 0x3800) | bits(rng)); };
+  std::vector<float> q(size_t(shape.n_head) * shape.head_dim), out(q.size());
+  for (auto& x : q) x = float(int(rng() % 2001) - 1000) / 1000.0f;
+  const float scale = 1.0f / std::sqrt(float(shape.head_dim));
+  std::printf("\nF16 KV decode ceiling, %d/%d heads, head_dim %d, %s, 2 threads, %d rounds\n", shape.n_head,
+              shape.n_head_kv, shape.head_dim, matmul_isa(), rounds);
+  std::printf("%-34s %10s %12s %10s\n", "where the keys are", "keys", "ms / layer", "KV GB/s");
+  double rate[2] = {0, 0};
+  const struct { const char* where; size_t n; int layers; } cases[] = {
+      {"in cache (one layer, again)", 4096, 1}, {"from memory (22 layers in turn)", 16384, kLayers}};
+  for (int c = 0; c < 2; ++c) {
+    const size_t n = cases[c].n;
+    const int layers = cases[c].layers;
+    std::vector<std::vector<uint16_t>> k(static_cast<size_t>(layers)), v(static_cast<size_t>(layers));
+    for (int l = 0; l < layers; ++l) {
+      k[size_t(l)].resize(n * stride);
+      v[size_t(l)].resize(n * stride);
+      for (auto& x : k[size_t(l)]) x = f16();
+      for (auto& x : v[size_t(l)]) x = f16();
+    }
+    std::vector<int32_t> cells(n);
+    std::iota(cells.begin(), cells.end(), 0);
+    // Passes of at least 22 layer calls, so both cases time the same number of calls.
+    const int calls = kLayers;
+    std::vector<double> ms;
+    for (int r = 0; r <= rounds; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < calls; ++i) {
+        const size_t l = size_t(i % layers);
+        flash_decode(q.data(), shape, scale, KvRows{k[l].data(), v[l].data(), stride, DType::F16}, cells.data(), n,
+                     out.data(), FlashLayout{}, &tp);
+      }
+      const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (r > 0) ms.push_back(t / calls);  // round 0 warms up
+    }
+    const double per_layer = median(ms);
+    rate[c] = 2.0 * double(n) * double(stride) * sizeof(uint16_t) / (per_layer * 1e6);
+    std::printf("%-34s %10zu %12.3f %10.1f\n", cases[c].where, n, per_layer, rate[c]);
+  }
+  const double bw = bench::read_bandwidth(tp, size_t(1) << 30);
+  std::printf("read bandwidth %.1f GB/s; in cache / from memory %.2fx; in cache / read bandwidth %.2fx\n", bw,
+              rate[0] / rate[1], rate[0] / bw);
+}
+
 void register_all() {
   for (Variant v : {Variant::Plain, Variant::Spec, Variant::Sequential})
     for (int threads : {1, 2})
@@ -175,6 +237,7 @@ int main(int argc, char** argv) {
   data();  // fill the cache before anything is timed
   benchmark::RunSpecifiedBenchmarks();
   ratio_table();
+  ceiling_table();
   benchmark::Shutdown();
   return 0;
 }

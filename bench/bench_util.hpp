@@ -1,10 +1,13 @@
-// Helpers the benchmarks share: thread pools kept across benchmark runs, and medians.
+// Helpers the benchmarks share: thread pools kept across benchmark runs, medians, and the
+// machine's streaming read bandwidth (what rooflines are drawn from).
 #pragma once
 
 #include <immintrin.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -68,6 +71,27 @@ inline uint64_t read_sum(const uint64_t* buf, size_t b, size_t e) {
   }
   for (; b < e; ++b) s += buf[b];
   return s + a0 + a1 + a2 + a3;
+}
+
+// Streaming read bandwidth (GB/s) over a buffer much larger than the caches, like the
+// read-only part of STREAM: each thread sums its own contiguous share, the best of `reps`.
+inline double read_bandwidth(ThreadPool& pool, size_t bytes, int reps = 5) {
+  static std::vector<uint64_t> buf;
+  if (buf.size() * 8 < bytes) buf.assign(bytes / 8, 1);
+  // Each thread's share: a multiple of the 32 words read_sum takes at a time.
+  const size_t per = bytes / 8 / size_t(pool.size()) / 32 * 32;
+  double best = 0;
+  std::vector<uint64_t> partial(pool.size() * 8);  // a cache line per thread
+  for (int rep = 0; rep < reps; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.run([&](int ith, int) { partial[ith * 8] = read_sum(buf.data(), per * ith, per * (ith + 1)); });
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    uint64_t check = 0;
+    for (uint64_t p : partial) check += p;
+    if (check == 0) std::fprintf(stderr, "impossible\n");  // keeps the loads alive
+    best = std::max(best, double(per * size_t(pool.size())) * 8.0 / sec / 1e9);
+  }
+  return best;
 }
 
 }  // namespace specmesh::bench
