@@ -157,11 +157,12 @@ void ratio_table() {
 // What bounds long-context decode with an F16 cache: the decode shape of bench_decode's
 // tinyllama-1.1b preset (32 query heads, 4 KV heads of 64, 22 layers), 2 threads, the keys and
 // values read as KV bytes per second in two places. In cache: one layer of 4096 keys (4 MiB,
-// the two cores' L2 and the L3), the same layer again and again, so the rate is the kernel's
-// compute (fewer keys would time the pool's wake-up and the merge more than the kernel). From memory: every layer at 16384 keys (360 MiB), layer after layer as a decode step
-// reads them, so nothing is cached between passes. If the first rate is not well above the
-// second, or below the machine's read bandwidth (measured last), the kernel's arithmetic and not
-// the memory bounds decode at depth.
+// the two cores' L2 and the L3) again and again, so the rate is the kernel's compute (fewer
+// keys would time the pool's wake-up and the merge more than the kernel). From memory: 22
+// layers of 16384 keys (360 MiB) in turn, as a decode step reads them, so nothing stays cached
+// between passes. If the first rate is not well above the second, or is below the machine's
+// read bandwidth (measured last), the kernel's arithmetic and not the memory bounds decode at
+// depth.
 void ceiling_table() {
   constexpr HeadShape shape{32, 4, 64};
   constexpr int kLayers = 22;
@@ -194,8 +195,7 @@ void ceiling_table() {
     }
     std::vector<int32_t> cells(n);
     std::iota(cells.begin(), cells.end(), 0);
-    // Passes of at least 22 layer calls, so both cases time the same number of calls.
-    const int calls = kLayers;
+    const int calls = kLayers;  // per round, in both cases
     std::vector<double> ms;
     for (int r = 0; r <= rounds; ++r) {
       const auto t0 = std::chrono::steady_clock::now();
