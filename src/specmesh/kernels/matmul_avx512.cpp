@@ -427,6 +427,10 @@ void panel_tile(const Problem& p, size_t panel, size_t t, size_t a0, size_t a1) 
   store_panels<P, T>(p, panel, t, a0, a1, acc);
 }
 
+// A packed K-quant super-block starts with 64 bytes of d (and dmin) and 256 of scales (and
+// mins), its quants after them (packed_weights.hpp).
+constexpr size_t kKQuantMeta = 64 + 256;
+
 // Q4_K panels (PackedWeights::kQ4KBytes per super-block): per sub-block s of 32, the
 // 16 rows' scale a = d * sc_s and min b = dmin * m_s (both exact in f32), and
 //   acc = fma(float(sum q * x) * a, d_x, acc);  acc = acc - b * (d_x * sum x)
@@ -443,11 +447,11 @@ inline void q4_K_sub(const uint8_t* const (&q)[P], const ActBlk* const (&x)[T], 
   for (int g = 0; g < 8; ++g) {
     __m512i w[P];
     for (int i = 0; i < P; ++i)
-      w[i] = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(q[i] + chunk * 512 + 64 * g), Shift), nib);
+      w[i] = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(q[i] + kKQuantMeta + chunk * 512 + 64 * g), Shift), nib);
     dot_group(w, x, xb, 4 * g, s);
   }
   for (int i = 0; i < P; ++i) {
-    const uint8_t* meta = q[i] + 2048 + 64;
+    const uint8_t* meta = q[i] + 64;
     const __m512 a = _mm512_mul_ps(d[i], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
                                              _mm_load_si128(reinterpret_cast<const __m128i*>(meta + 16 * sub)))));
     const __m512 b = _mm512_mul_ps(dmin[i], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(
@@ -469,9 +473,9 @@ void panel_tile_q4_K(const Problem& p, size_t panel, size_t t, size_t a0, size_t
     const uint8_t* q[P];
     __m512 d[P], dmin[P];
     for (int i = 0; i < P; ++i) {
-      q[i] = p.wp + (panel + i) * p.panel_bytes + sb * (2048 + 64 + 256);
-      d[i] = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(q[i] + 2048)));
-      dmin[i] = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(q[i] + 2048 + 32)));
+      q[i] = p.wp + (panel + i) * p.panel_bytes + sb * (kKQuantMeta + 2048);  // PackedWeights::kQ4KBytes
+      d[i] = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(q[i])));
+      dmin[i] = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(q[i] + 32)));
     }
     for (size_t c = 0; c < 4; ++c) {
       q4_K_sub<0, P, T>(q, x, sb * 8 + 2 * c, 2 * c, d, dmin, acc);
@@ -495,8 +499,8 @@ void panel_tile_q6_K(const Problem& p, size_t panel, size_t t, size_t a0, size_t
     const uint8_t* q[P];
     __m512 d[P];
     for (int i = 0; i < P; ++i) {
-      q[i] = p.wp + (panel + i) * p.panel_bytes + sb * (4096 + 64 + 256);
-      d[i] = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(q[i] + 4096)));
+      q[i] = p.wp + (panel + i) * p.panel_bytes + sb * (kKQuantMeta + 4096);  // PackedWeights::kQ6KBytes
+      d[i] = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(q[i])));
     }
     for (size_t sub = 0; sub < QK_K / 16; ++sub) {
       const size_t xb = sb * 8 + sub / 2, half = sub % 2;
@@ -508,12 +512,12 @@ void panel_tile_q6_K(const Problem& p, size_t panel, size_t t, size_t a0, size_t
 #pragma GCC unroll 4
       for (int g = 0; g < 4; ++g) {
         __m512i w[P];
-        for (int i = 0; i < P; ++i) w[i] = _mm512_load_si512(q[i] + (sub / 2) * 512 + 64 * (4 * half + g));
+        for (int i = 0; i < P; ++i) w[i] = _mm512_load_si512(q[i] + kKQuantMeta + (sub / 2) * 512 + 64 * (4 * half + g));
         dot_group(w, x, xb, int(16 * half) + 4 * g, s);
       }
       for (int i = 0; i < P; ++i) {
         const __m512 a = _mm512_mul_ps(d[i], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                                 _mm_load_si128(reinterpret_cast<const __m128i*>(q[i] + 4160 + 16 * sub)))));
+                                                 _mm_load_si128(reinterpret_cast<const __m128i*>(q[i] + 64 + 16 * sub)))));
         for (int j = 0; j < T; ++j)
           acc[i][j] =
               _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[i][j]), a), _mm512_set1_ps(x[j][xb].q.d), acc[i][j]);

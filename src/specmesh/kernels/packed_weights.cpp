@@ -85,9 +85,10 @@ void PackedWeights::pack_q4_K(const WeightView& w, size_t panel) {
   const auto* rows = static_cast<const block_q4_K*>(w.data);
   for (size_t p = 0; p < panels; ++p) {
     for (size_t sb = 0; sb < nsb; ++sb) {
-      uint8_t* dst = data_.data() + p * panel + sb * kQ4KBytes;
-      auto* d = reinterpret_cast<uint16_t*>(dst + 2048);
-      uint8_t* sc = dst + 2048 + 64;
+      uint8_t* const base = data_.data() + p * panel + sb * kQ4KBytes;
+      auto* d = reinterpret_cast<uint16_t*>(base);
+      uint8_t* sc = base + 64;
+      uint8_t* dst = base + 64 + 256;  // the quants
       for (size_t r = 0; r < kPanelRows; ++r) {
         const size_t row = p * kPanelRows + r;
         if (row >= w.rows) {  // zero weights: quants, scales and mins 0
@@ -112,9 +113,10 @@ void PackedWeights::pack_q6_K(const WeightView& w, size_t panel) {
   const auto* rows = static_cast<const block_q6_K*>(w.data);
   for (size_t p = 0; p < panels; ++p) {
     for (size_t sb = 0; sb < nsb; ++sb) {
-      uint8_t* dst = data_.data() + p * panel + sb * kQ6KBytes;
-      auto* d = reinterpret_cast<uint16_t*>(dst + 4096);
-      auto* sc = reinterpret_cast<int8_t*>(dst + 4096 + 64);
+      uint8_t* const base = data_.data() + p * panel + sb * kQ6KBytes;
+      auto* d = reinterpret_cast<uint16_t*>(base);
+      auto* sc = reinterpret_cast<int8_t*>(base + 64);
+      uint8_t* dst = base + 64 + 256;  // the quants
       std::memset(d, 0, 64);
       for (size_t r = 0; r < kPanelRows; ++r) {
         const size_t row = p * kPanelRows + r;
