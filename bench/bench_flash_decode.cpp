@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "specmesh/kernels/flash_decode.hpp"
+#include "specmesh/kernels/ggml_types.hpp"
 #include "specmesh/kernels/matmul.hpp"
 #include "specmesh/kernels/thread_pool.hpp"
 
@@ -121,9 +122,14 @@ void measure(benchmark::State& state, Variant v, size_t n, int threads) {
 }
 
 // Interleaved timing: each round runs every variant once, in an order that rotates per round.
-void ratio_table() {
+// Timed rounds per table row: SPECMESH_BENCH_ROUNDS, at least 3 (default 15).
+int timing_rounds() {
   const char* env = std::getenv("SPECMESH_BENCH_ROUNDS");
-  const int rounds = std::max(3, env != nullptr ? std::atoi(env) : 15);
+  return std::max(3, env != nullptr ? std::atoi(env) : 15);
+}
+
+void ratio_table() {
+  const int rounds = timing_rounds();
   const Variant variants[] = {Variant::Plain, Variant::Spec, Variant::Sequential};
   std::printf("\nspeculative flash decode overhead, %d/%d heads, head_dim %d, S = chunk = %zu, %s, %d rounds\n",
               kShape.n_head, kShape.n_head_kv, kShape.head_dim, FlashLayout{}.spec_len, matmul_isa(), rounds);
@@ -167,15 +173,12 @@ void ceiling_table() {
   constexpr HeadShape shape{32, 4, 64};
   constexpr int kLayers = 22;
   const size_t stride = size_t(shape.n_head_kv) * shape.head_dim;
-  const char* env = std::getenv("SPECMESH_BENCH_ROUNDS");
-  const int rounds = std::max(3, env != nullptr ? std::atoi(env) : 15);
+  const int rounds = timing_rounds();
   ThreadPool& tp = pool(2);
   std::mt19937 rng(5);
-  std::uniform_int_distribution<int> bits(0, 0x3ff);
-  // F16 values in (-2, 2): a random mantissa, exponent 0 or -1 and a random sign.
-  auto f16 = [&] { return uint16_t((rng() & 0x8000) | ((rng() & 1) ? 0x3c00 : 0x3800) | bits(rng)); };
+  std::normal_distribution<float> g(0.0f, 1.0f);  // as data()'s keys, values and queries
   std::vector<float> q(size_t(shape.n_head) * shape.head_dim), out(q.size());
-  for (auto& x : q) x = float(int(rng() % 2001) - 1000) / 1000.0f;
+  for (auto& x : q) x = g(rng);
   const float scale = 1.0f / std::sqrt(float(shape.head_dim));
   std::printf("\nF16 KV decode ceiling, %d/%d heads, head_dim %d, %s, 2 threads, %d rounds\n", shape.n_head,
               shape.n_head_kv, shape.head_dim, matmul_isa(), rounds);
@@ -190,8 +193,8 @@ void ceiling_table() {
     for (int l = 0; l < layers; ++l) {
       k[size_t(l)].resize(n * stride);
       v[size_t(l)].resize(n * stride);
-      for (auto& x : k[size_t(l)]) x = f16();
-      for (auto& x : v[size_t(l)]) x = f16();
+      for (auto& x : k[size_t(l)]) x = fp32_to_fp16(g(rng));
+      for (auto& x : v[size_t(l)]) x = fp32_to_fp16(g(rng));
     }
     std::vector<int32_t> cells(n);
     std::iota(cells.begin(), cells.end(), 0);

@@ -399,11 +399,12 @@ Topology Topology::parse(const std::string& text, const std::string& file, const
         d.insert(d.end(), st.tensor_parallel.begin(), st.tensor_parallel.end());
         return d;
       };
+      const std::vector<std::string> mine = devices(s);
       for (size_t k = 0; k < t.stages.size(); ++k) {
         const StageSpec& other = t.stages[k];
         if (s.tensor_parallel.empty() && other.tensor_parallel.empty()) continue;
-        for (const std::string& d : devices(s)) {
-          const std::vector<std::string> theirs = devices(other);
+        const std::vector<std::string> theirs = devices(other);
+        for (const std::string& d : mine) {
           if (std::find(theirs.begin(), theirs.end(), d) == theirs.end()) continue;
           const std::string key = s.tensor_parallel.empty() ? "device" : "tensor_parallel";
           e.fail(m.get(key), pre + key, "device '" + d + "' also computes for stages[" + std::to_string(k) +
