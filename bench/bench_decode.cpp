@@ -13,7 +13,7 @@
 // "cpu ratio" also compares the process CPU time each path spent (descheduled time does not
 // count; a worker's spinning does).
 //
-//   bench_decode [--types f16,q8_0,q4_0,q4_k] [--threads 2] [--isas avx2,avx512]
+//   bench_decode [--help] [--types f16,q8_0,q4_0,q4_k] [--threads 2] [--isas avx2,avx512]
 //                [--tokens 16] [--prompts 128,512,2048] [--depths 4096,16384] [--rounds 3]
 //                [--batch 512] [--dir DIR] [--preset tinyllama-1.1b] [--kv-types f16,f32]
 // Decode at depth runs once per KV cache type of --kv-types (the roofline counts that type's
@@ -35,6 +35,8 @@
 #include <thread>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "bench_util.hpp"
 #include "specmesh/kernels/matmul.hpp"
 #include "specmesh/kernels/thread_pool.hpp"
@@ -55,9 +57,21 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
-std::vector<int> split_ints(const std::string& s) {
+// The comma-separated positive integers of option `name`; throws std::invalid_argument naming
+// the option and the item that is not one.
+std::vector<int> split_ints(const std::string& name, const std::string& s) {
   std::vector<int> out;
-  for (const auto& item : split(s)) out.push_back(std::stoi(item));
+  for (const auto& item : split(s)) {
+    size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || v <= 0) throw std::invalid_argument(name + ": '" + item + "' is not a positive integer");
+    out.push_back(v);
+  }
   return out;
 }
 
@@ -69,7 +83,7 @@ DType parse_type(const std::string& s) {
   if (s == "q4_0") return DType::Q4_0;
   if (s == "q4_k") return DType::Q4_K;
   if (s == "q6_k") return DType::Q6_K;
-  throw std::invalid_argument("unknown type " + s);
+  throw std::invalid_argument("--types: unknown type '" + s + "' (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)");
 }
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -252,24 +266,20 @@ int main(int argc, char** argv) {
   std::string types = "f16,q8_0,q4_0,q4_k", threads = "2", dir = "/tmp/specmesh-bench", preset = "tinyllama-1.1b";
   std::string isa_list = "", prompt_list = "128,512,2048", depth_list = "4096,16384", kv_list = "f16,f32";
   int n_tokens = 16, rounds = 3, n_batch = 512;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string a = argv[i], v = argv[i + 1];
-    if (a == "--types") types = v;
-    else if (a == "--threads") threads = v;
-    else if (a == "--isas") isa_list = v;
-    else if (a == "--tokens") n_tokens = std::stoi(v);
-    else if (a == "--prompts") prompt_list = v;
-    else if (a == "--depths") depth_list = v;
-    else if (a == "--rounds") rounds = std::stoi(v);
-    else if (a == "--batch") n_batch = std::stoi(v);
-    else if (a == "--dir") dir = v;
-    else if (a == "--preset") preset = v;
-    else if (a == "--kv-types") kv_list = v;
-    else {
-      std::fprintf(stderr, "unknown option %s\n", a.c_str());
-      return 2;
-    }
-  }
+  CLI::App app{"Decode and prompt-processing speed of 1.1B-shaped synthetic models beside the machine's read "
+               "bandwidth and peak multiply-add rates, measured in the same run"};
+  app.add_option("--types", types, "weight types, comma-separated")->capture_default_str();
+  app.add_option("--threads", threads, "thread counts, comma-separated")->capture_default_str();
+  app.add_option("--isas", isa_list, "kernel paths to compare round by round (scalar, avx2, avx512; default: this CPU's best)");
+  app.add_option("--tokens", n_tokens, "decode tokens per round")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--prompts", prompt_list, "prefill rows: prompt lengths ('' for none)")->capture_default_str();
+  app.add_option("--depths", depth_list, "decode-at-depth rows: cached tokens ('' for none)")->capture_default_str();
+  app.add_option("--rounds", rounds, "rounds per row (the median is shown)")->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("--batch", n_batch, "prefill batch size")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  app.add_option("--dir", dir, "where the synthetic models are generated once and reused")->capture_default_str();
+  app.add_option("--preset", preset, "model shape")->capture_default_str();
+  app.add_option("--kv-types", kv_list, "KV cache types of the depth rows (f16, f32, q8_0)")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   std::vector<std::string> isas = split(isa_list);
   if (isas.empty()) isas.push_back(matmul_isa());
   for (const auto& isa : isas)
@@ -278,12 +288,21 @@ int main(int argc, char** argv) {
       return 2;
     }
   matmul_set_isa(nullptr);
-  const std::vector<int> prompts = split_ints(prompt_list), depths = split_ints(depth_list);
+  std::vector<int> prompts, depths, thread_counts;
   std::vector<DType> kv_types;
   try {
-    for (const auto& t : split(kv_list)) kv_types.push_back(parse_kv_type(t));
+    prompts = split_ints("--prompts", prompt_list);
+    depths = split_ints("--depths", depth_list);
+    thread_counts = split_ints("--threads", threads);
+    for (const auto& t : split(types)) parse_type(t);
+    try {
+      for (const auto& t : split(kv_list)) kv_types.push_back(parse_kv_type(t));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("--kv-types: ") + e.what());
+    }
+    if (!synthetic_preset(preset)) throw std::invalid_argument("--preset: unknown preset '" + preset + "'");
   } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "--kv-types: %s\n", e.what());
+    std::fprintf(stderr, "%s\n", e.what());
     return 2;
   }
   if (kv_types.empty()) kv_types.push_back(kDefaultKvType);
@@ -293,11 +312,7 @@ int main(int argc, char** argv) {
               "median of %d rounds\n",
               preset.c_str(), isa_list.empty() ? matmul_isa() : isa_list.c_str(), n_tokens, n_batch, rounds);
   for (const std::string& tname : split(types)) {
-    auto spec = synthetic_preset(preset);
-    if (!spec) {
-      std::fprintf(stderr, "unknown preset %s\n", preset.c_str());
-      return 2;
-    }
+    auto spec = synthetic_preset(preset);  // checked above
     spec->weight_type = spec->embd_type = parse_type(tname);
     const std::string path = dir + "/" + preset + "-" + tname + ".gguf";
     if (!std::filesystem::exists(path)) {
@@ -308,7 +323,7 @@ int main(int argc, char** argv) {
     auto model = Model::load(path);
     const HParams& hp = model->hparams();
     const double weight_bytes = double(model->weight_bytes_per_token());
-    for (int th : split_ints(threads)) {
+    for (int th : thread_counts) {
       ThreadPool pool(th);
       const double bw = bench::read_bandwidth(pool, size_t(1) << 30);
       double row_bw = 0;
