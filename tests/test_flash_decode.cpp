@@ -443,9 +443,14 @@ Stored store(Problem& p, DType type) {
   return st;
 }
 
+// Whether this path scores Q8_0 keys with 8-bit dot products against quantised queries (the
+// AVX-512 kernel, for heads of a multiple of 64 values; Q8KeysScoreAgainstQuantisedQueries).
+bool int8_scores(const std::string& isa, const HeadShape& hs) { return isa == "avx512" && hs.head_dim % 64 == 0; }
+
 // Rows stored as F16 or Q8_0 give, on every path and thread count, the bits the same kernel
 // gives F32 rows holding their widened values (the SIMD paths read F16 in place and Q8_0
-// widened first; the portable one widens both), and the widening is what kv_load gives.
+// widened first; the portable one widens both), and the widening is what kv_load gives. The
+// exception, Q8_0 keys scored in 8 bits, has its own test below.
 TEST_F(FlashDecodeTest, StoredTypesReadAsTheirWidenedValues) {
   ThreadPool two(2);
   for (const std::string& isa : isas()) {
@@ -454,6 +459,7 @@ TEST_F(FlashDecodeTest, StoredTypesReadAsTheirWidenedValues) {
                                 HeadShape{6, 3, 20}}) {
       for (DType type : {DType::F16, DType::Q8_0}) {
         if (type == DType::Q8_0 && size_t(hs.n_head_kv * hs.head_dim) % 32 != 0) continue;
+        if (type == DType::Q8_0 && int8_scores(isa, hs)) continue;
         for (size_t n : {size_t(100), size_t(1100)}) {
           Problem p = make_problem(hs, n, 17);
           const Problem f32 = p;
@@ -473,6 +479,78 @@ TEST_F(FlashDecodeTest, StoredTypesReadAsTheirWidenedValues) {
             EXPECT_NE(p.k, f32.k) << what;
           }
         }
+      }
+    }
+  }
+}
+
+// The query of head h quantised as the AVX-512 kernel quantises it for Q8_0 keys: per block of
+// 32 values, d = amax / 127 and q = x * (127 / amax) rounded to nearest even, in float.
+std::vector<float> quantised_query(const std::vector<float>& q) {
+  std::vector<float> out(q.size());
+  for (size_t b = 0; b < q.size(); b += 32) {
+    float amax = 0;
+    for (size_t i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(q[i]));
+    const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+    for (size_t i = b; i < b + 32; ++i) out[i] = float(double(d) * std::nearbyint(q[i] * id));
+  }
+  return out;
+}
+
+// Q8_0 keys on the AVX-512 path: the scores are 8-bit dot products of the stored keys with the
+// query quantised per 32-value block. Checked two ways, each able to fail: against attention in
+// double over the same quantised query and the widened rows (the kernel's own rounding only),
+// and against the dequantise-then-F32 reference, exact query, within the bound the query's
+// rounding allows: a score moves by at most delta = scale * sum_b d_b/2 * sum_i |k_i| (d_b the
+// query block's step), so each softmax weight by a factor within e^(+-2 delta), and an output
+// by at most (e^(2 delta_max) - 1) max|v|. The bound's delta is also checked to hold.
+TEST_F(FlashDecodeTest, Q8KeysScoreAgainstQuantisedQueries) {
+  if (!matmul_set_isa("avx512")) GTEST_SKIP() << "this CPU has no AVX-512 path";
+  use("avx512");
+  ThreadPool two(2);
+  for (const HeadShape& hs : {HeadShape{8, 2, 64}, HeadShape{8, 8, 64}, HeadShape{16, 2, 128}, HeadShape{32, 4, 64},
+                              HeadShape{12, 1, 64}}) {
+    for (size_t n : {size_t(7), size_t(100), size_t(1100)}) {
+      Problem p = make_problem(hs, n, 23);
+      const Stored st = store(p, DType::Q8_0);  // p now holds the widened rows
+      Problem quant = p;
+      quant.q = quantised_query(p.q);
+      const std::vector<double> exact = reference(p, [](size_t) { return true; });
+      const std::vector<double> of_quant = reference(quant, [](size_t) { return true; });
+      // delta per head, from its blocks' steps and its KV head's keys.
+      const size_t D = size_t(hs.head_dim);
+      const int group = hs.n_head / hs.n_head_kv;
+      double bound = 0, vmax = 0;
+      for (float x : p.v) vmax = std::max(vmax, double(std::fabs(x)));
+      for (int h = 0; h < hs.n_head; ++h) {
+        double delta = 0, moved = 0;
+        for (size_t j = 0; j < n; ++j) {
+          const float* kr = p.k.data() + size_t(p.cells[j]) * p.stride + size_t(h / group) * D;
+          double bound_j = 0, diff = 0;
+          for (size_t b = 0; b < D; b += 32) {
+            float amax = 0;
+            for (size_t i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(p.q[h * D + i]));
+            double sum_k = 0;
+            for (size_t i = b; i < b + 32; ++i) sum_k += std::fabs(kr[i]);
+            bound_j += double(amax) / 127.0 / 2.0 * sum_k;
+          }
+          for (size_t i = 0; i < D; ++i) diff += (double(quant.q[h * D + i]) - p.q[h * D + i]) * kr[i];
+          delta = std::max(delta, bound_j * p.scale);
+          moved = std::max(moved, std::fabs(diff) * p.scale);
+        }
+        EXPECT_LE(moved, delta * (1 + 1e-6)) << "the bound on a score's change";
+        bound = std::max(bound, std::expm1(2 * delta) * vmax);
+      }
+      for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two}) {
+        const std::string what = "H=" + std::to_string(hs.n_head) + "/" + std::to_string(hs.n_head_kv) + " D=" +
+                                 std::to_string(hs.head_dim) + " n=" + std::to_string(n);
+        std::vector<float> got(p.q.size());
+        flash_decode(p.q.data(), hs, p.scale, st.rows(), p.cells.data(), n, got.data(), FlashLayout{}, pool);
+        expect_near(got, of_quant, what + " against the quantised query in double");
+        double worst = 0;
+        for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - exact[i]));
+        EXPECT_LE(worst, bound + 2e-5) << what << " against the exact query";
+        EXPECT_GT(worst, 1e-6) << what << ": the scores do use the quantised query";
       }
     }
   }

@@ -281,7 +281,11 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
   const bool simd_reads = kv.type == DType::F32 || kv.type == DType::F16;
   if (D % 64 == 0 && matmul_isa_has_avx512()) {
     const bool q8_in_place = kv.type == DType::Q8_0 && job.kv_off % QK8_0 == 0;
-    return detail::flash_partial_avx512(simd_reads || q8_in_place ? job : widened(job, wide));
+    if (!q8_in_place) return detail::flash_partial_avx512(simd_reads ? job : widened(job, wide));
+    thread_local AlignedBuffer q8;
+    detail::PartialJob q8_job = job;
+    q8_job.q8 = scratch(q8, detail::q8_scratch_floats(n_q, D));
+    return detail::flash_partial_avx512(q8_job);
   }
   if (use_avx2()) return detail::flash_partial_avx2(simd_reads ? job : widened(job, wide));
 #endif

@@ -164,7 +164,14 @@ struct PartialJob {
   // The cells this thread reads next (a prefetch hint; none when next_count is 0).
   const int32_t* next_cells;
   size_t next_count;
+  // Scratch for the queries quantised to 8 bits: q8_scratch_floats(n_q, head_dim) floats, set
+  // when the AVX-512 kernel reads Q8_0 rows (its scores are 8-bit dot products).
+  float* q8 = nullptr;
 };
+
+constexpr size_t q8_scratch_floats(int n_q, int head_dim) {
+  return size_t(n_q) * size_t(head_dim) / 4 + 2 * size_t(n_q) * size_t(head_dim) / 32;
+}
 
 // The stride of PartialJob::scores: kScoreRows for up to that many keys (the default chunk, so
 // that the kernels see one constant stride), else count rounded up to 16.
@@ -172,7 +179,7 @@ constexpr size_t kScoreRows = 128;
 constexpr size_t score_stride(size_t count) { return count <= kScoreRows ? kScoreRows : (count + 15) / 16 * 16; }
 
 void flash_partial_avx2(const PartialJob& job);
-void flash_partial_avx512(const PartialJob& job);  // head_dim a multiple of 64; Q8_0 block-aligned
+void flash_partial_avx512(const PartialJob& job);  // head_dim a multiple of 64; Q8_0 block-aligned, with q8 set
 
 }  // namespace detail
 

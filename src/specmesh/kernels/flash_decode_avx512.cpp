@@ -73,6 +73,7 @@ struct F32Rows {
   }
   [[gnu::always_inline]] static __m512 load16(Ptr p, int c) { return _mm512_loadu_ps(p + 16 * c); }
   static size_t bytes(size_t n) { return n * sizeof(float); }
+  static constexpr bool kInt8Scores = false;
 };
 
 struct F16Rows {
@@ -84,6 +85,7 @@ struct F16Rows {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * c)));
   }
   static size_t bytes(size_t n) { return n * sizeof(uint16_t); }
+  static constexpr bool kInt8Scores = false;
 };
 
 // Q8_0: `value` must start a block (flash_decode.cpp checks), so 16 values are half a block.
@@ -98,6 +100,7 @@ struct Q8Rows {
     return _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b.d)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
   }
   static size_t bytes(size_t n) { return (n + QK8_0 - 1) / QK8_0 * sizeof(block_q8_0); }
+  static constexpr bool kInt8Scores = true;  // see scores_q8
 };
 
 // How many keys ahead the values pass asks for value rows: rows a cell list names are not
@@ -282,6 +285,110 @@ template <int G>
   }
 }
 
+// Q8_0 keys: the scores as 8-bit dot products (AVX-512 VNNI). Each query head is quantised once
+// per partial, per 32-value block as Q8_0 quantises a row (d = amax / 127, q = x / d rounded to
+// nearest even), so a score is scale * sum over blocks of d_q d_k (q . k), with q . k exact in
+// 32 bits. A 16-key block of one KV head's 32-value block is transposed in registers into eight
+// dwords-by-sixteen-keys vectors whose bytes are flipped to unsigned (k + 128); vpdpbusd then
+// adds four products for sixteen keys at once, and the accumulator starts at -128 sum(q), which
+// takes the offset back out. Against widening the keys to floats this is about a third of the
+// operations per key, which is what decode at depth is bound by (bench_flash_decode). The
+// quantised query moves a score by at most scale * sum_b d_q/2 sum_i |k_i| (tests state the
+// bound); every step is the same whichever heads share the call, so results stay deterministic.
+
+// The quantised queries of a job, carved from PartialJob::q8.
+struct Q8Query {
+  const int8_t* q;      // n_q * head_dim
+  const float* d;       // n_q * (head_dim / 32)
+  const int32_t* bias;  // -128 * the block's sum of q, per head and block
+};
+
+inline Q8Query quantize_queries(const PartialJob& j) {
+  const int D = j.head_dim, nb = D / 32;
+  auto* q8 = reinterpret_cast<int8_t*>(j.q8);
+  float* d = j.q8 + size_t(j.n_q) * size_t(D) / 4;
+  auto* bias = reinterpret_cast<int32_t*>(d + size_t(j.n_q) * size_t(nb));
+  for (int h = 0; h < j.n_q; ++h)
+    for (int b = 0; b < nb; ++b) {
+      const float* x = j.q + size_t(h) * size_t(D) + 32 * size_t(b);
+      const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+      const float amax = hmax16(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+      const size_t at = size_t(h) * size_t(nb) + size_t(b);
+      d[at] = amax / 127.0f;
+      const __m512 id = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+      const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, id)), i1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, id));
+      int8_t* out = q8 + size_t(h) * size_t(D) + 32 * size_t(b);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(i0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_cvtepi32_epi8(i1));
+      bias[at] = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+    }
+  return {q8, d, bias};
+}
+
+// Keys t0 .. t0 + 16 (past the last, key t0 again), the Q8_0 block at value `value` of each
+// row: k[c] lane l holds bytes 4c .. 4c + 4 of key kQ8Lanes[l], plus 128; dk lane l its scale.
+constexpr int kQ8Lanes[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
+
+[[gnu::always_inline]] inline void q8_key_block(const PartialJob& j, size_t t0, size_t value, __m512i k[8],
+                                                __m512& dk) {
+  const size_t row_bytes = Q8Rows::bytes(j.kv->row_stride);
+  const block_q8_0* r[16];
+  for (size_t u = 0; u < 16; ++u) {
+    const size_t t = t0 + u < j.count ? t0 + u : t0;
+    r[u] = Q8Rows::at(j.kv->k, row_bytes, j.cells[t], value);
+  }
+  // y[u]: key u's eight dwords, then key u + 8's.
+  __m512i y[8];
+  for (int u = 0; u < 8; ++u)
+    y[u] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r[u]->qs))),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r[u + 8]->qs)), 1);
+  // Within each 128-bit lane, 4 x 4 dword transposes of keys 4g .. 4g + 4: t[g][c] lane L holds
+  // dword c (L even) or 4 + c (L odd) of keys 4g .. 4g + 4 (L < 2) or 8 + 4g .. (L >= 2).
+  __m512i t[2][4];
+  for (int g = 0; g < 2; ++g) {
+    const __m512i a0 = _mm512_unpacklo_epi32(y[4 * g], y[4 * g + 1]), a1 = _mm512_unpackhi_epi32(y[4 * g], y[4 * g + 1]);
+    const __m512i a2 = _mm512_unpacklo_epi32(y[4 * g + 2], y[4 * g + 3]);
+    const __m512i a3 = _mm512_unpackhi_epi32(y[4 * g + 2], y[4 * g + 3]);
+    t[g][0] = _mm512_unpacklo_epi64(a0, a2);
+    t[g][1] = _mm512_unpackhi_epi64(a0, a2);
+    t[g][2] = _mm512_unpacklo_epi64(a1, a3);
+    t[g][3] = _mm512_unpackhi_epi64(a1, a3);
+  }
+  const __m512i flip = _mm512_set1_epi8(char(0x80));
+  for (int c = 0; c < 4; ++c) {
+    k[c] = _mm512_xor_si512(_mm512_shuffle_i32x4(t[0][c], t[1][c], _MM_SHUFFLE(2, 0, 2, 0)), flip);
+    k[4 + c] = _mm512_xor_si512(_mm512_shuffle_i32x4(t[0][c], t[1][c], _MM_SHUFFLE(3, 1, 3, 1)), flip);
+  }
+  alignas(32) uint16_t ds[16];
+  for (int l = 0; l < 16; ++l) ds[l] = r[kQ8Lanes[l]]->d;
+  dk = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ds)));
+}
+
+// Scores of heads h .. h + H, which read one KV head, for keys t0 .. t0 + 16.
+template <int H>
+[[gnu::always_inline]] inline void scores_q8(const PartialJob& j, const Q8Query& qq, int h, size_t t0, size_t ld) {
+  const int D = j.head_dim, nb = D / 32;
+  __m512 s[H];
+  for (int b = 0; b < nb; ++b) {
+    __m512i k[8];
+    __m512 dk;
+    q8_key_block(j, t0, j.kv_off + j.head_off[h] + 32 * size_t(b), k, dk);
+    for (int i = 0; i < H; ++i) {
+      const size_t at = size_t(h + i) * size_t(nb) + size_t(b);
+      const auto* qd = reinterpret_cast<const int32_t*>(qq.q + size_t(h + i) * size_t(D) + 32 * size_t(b));
+      __m512i acc = _mm512_set1_epi32(qq.bias[at]);
+      for (int c = 0; c < 8; ++c) acc = _mm512_dpbusd_epi32(acc, k[c], _mm512_set1_epi32(qd[c]));
+      const __m512 w = _mm512_mul_ps(dk, _mm512_set1_ps(qq.d[at]));
+      s[i] = b == 0 ? _mm512_mul_ps(_mm512_cvtepi32_ps(acc), w) : _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), w, s[i]);
+    }
+  }
+  // kQ8Lanes is its own inverse: lane t of the permutation is key t.
+  const __m512i to_keys = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15);
+  for (int i = 0; i < H; ++i)
+    _mm512_storeu_ps(j.scores + size_t(h + i) * ld + t0,
+                     _mm512_mul_ps(_mm512_permutexvar_ps(to_keys, s[i]), _mm512_set1_ps(j.scale)));
+}
+
 // Heads [h, h + 4) read one KV head.
 inline bool shares_kv4(const PartialJob& j, int h) {
   return j.head_off[h] == j.head_off[h + 3] && j.head_off[h] == j.head_off[h + 1] && j.head_off[h] == j.head_off[h + 2];
@@ -301,10 +408,22 @@ void partial(const PartialJob& j) {
   const auto* val_bytes = static_cast<const char*>(j.kv->v);
   const size_t row_bytes = E::bytes(j.kv->row_stride);
 
+  // Head steps per score block: runs of up to eight heads of one KV head (8-bit scores), else
+  // four heads at a time and the rest one by one.
+  auto q8_run = [&](int h) {
+    int run = 1;
+    while (h + run < j.n_q && run < 8 && j.head_off[h + run] == j.head_off[h]) ++run;
+    return run >= 8 ? 8 : run >= 4 ? 4 : run >= 2 ? 2 : 1;
+  };
+  int steps = j.n_q / 4 + j.n_q % 4;
+  if constexpr (E::kInt8Scores) {
+    steps = 0;
+    for (int h = 0; h < j.n_q; h += q8_run(h)) ++steps;
+  }
+
   // The next partial's rows: a share asked for at each head step of the scores and each head of
   // the softmax, so the memory is busy while they compute (the values pass keeps its registers
   // for its own loop).
-  const int steps = j.n_q / 4 + j.n_q % 4;  // head steps per score block
   const size_t asks = (j.count + 15) / 16 * size_t(steps) + size_t(j.n_q);
   NextRows next{{key_bytes, val_bytes}, j.next_cells, j.next_count, row_bytes, lo_bytes, hi_bytes};
   const size_t quota = (next.total() + asks - 1) / asks;
@@ -313,27 +432,40 @@ void partial(const PartialJob& j) {
   // of the next partial's rows, a few at a time between the multiply-adds, as a burst of them
   // stalls on the cache's miss buffers. (The key rows are not asked for here: the partial
   // before on this thread asked for them, and asking again cost 4% at 16K keys.)
-  for (size_t t0 = 0; t0 < j.count; t0 += 16) {
-    key_block<E>(j, t0, j.kv_off + lo, hi - lo, j.key_block);
-    int step = 0;
-    auto ask = [&] {
-      const size_t u0 = 16 * size_t(step) / size_t(steps), u1 = 16 * size_t(step + 1) / size_t(steps);
-      for (size_t u = u0; u < u1 && t0 + u < j.count; ++u) {
-        const char* row = val_bytes + size_t(j.cells[t0 + u]) * row_bytes;
-        for (size_t x = lo_bytes; x < hi_bytes; x += 64) _mm_prefetch(row + x, _MM_HINT_T1);
-      }
-      ++step;
-      next.ask(quota);
-    };
-    int h = 0;
-    for (; h + 4 <= j.n_q; h += 4) {
-      ask();
-      if (shares_kv4(j, h)) scores_block<4, true>(j, h, j.key_block, lo, t0, ld);
-      else scores_block<4, false>(j, h, j.key_block, lo, t0, ld);
+  auto ask = [&](size_t t0, int step) {
+    const size_t u0 = 16 * size_t(step) / size_t(steps), u1 = 16 * size_t(step + 1) / size_t(steps);
+    for (size_t u = u0; u < u1 && t0 + u < j.count; ++u) {
+      const char* row = val_bytes + size_t(j.cells[t0 + u]) * row_bytes;
+      for (size_t x = lo_bytes; x < hi_bytes; x += 64) _mm_prefetch(row + x, _MM_HINT_T1);
     }
-    for (; h < j.n_q; ++h) {
-      ask();
-      scores_block<1, false>(j, h, j.key_block, lo, t0, ld);
+    next.ask(quota);
+  };
+  Q8Query qq{};
+  if constexpr (E::kInt8Scores) qq = quantize_queries(j);
+  for (size_t t0 = 0; t0 < j.count; t0 += 16) {
+    int step = 0;
+    if constexpr (E::kInt8Scores) {
+      for (int h = 0; h < j.n_q;) {
+        const int H = q8_run(h);
+        ask(t0, step++);
+        if (H == 8) scores_q8<8>(j, qq, h, t0, ld);
+        else if (H == 4) scores_q8<4>(j, qq, h, t0, ld);
+        else if (H == 2) scores_q8<2>(j, qq, h, t0, ld);
+        else scores_q8<1>(j, qq, h, t0, ld);
+        h += H;
+      }
+    } else {
+      key_block<E>(j, t0, j.kv_off + lo, hi - lo, j.key_block);
+      int h = 0;
+      for (; h + 4 <= j.n_q; h += 4) {
+        ask(t0, step++);
+        if (shares_kv4(j, h)) scores_block<4, true>(j, h, j.key_block, lo, t0, ld);
+        else scores_block<4, false>(j, h, j.key_block, lo, t0, ld);
+      }
+      for (; h < j.n_q; ++h) {
+        ask(t0, step++);
+        scores_block<1, false>(j, h, j.key_block, lo, t0, ld);
+      }
     }
   }
 

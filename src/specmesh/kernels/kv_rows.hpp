@@ -4,7 +4,10 @@
 // exact in F32, so reading a row back gives what was stored) or Q8_0 (blocks of 32 values,
 // one F16 scale each: about a quarter of F32's bytes). A row is converted when it is written
 // (rounding to nearest) and widened to F32 when it is read; a kernel's result depends on the
-// stored values only, never on which path widened them.
+// stored values only, never on which path widened them. One exception: the AVX-512 attention
+// scores Q8_0 keys with 8-bit dot products against the query quantised per 32 values the same
+// way (flash_decode_avx512.cpp; llama.cpp does the same for a quantised K cache), so there the
+// scores also carry the query's rounding.
 #pragma once
 
 #include <cstddef>
