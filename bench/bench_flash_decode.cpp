@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "specmesh/kernels/aligned_buffer.hpp"
 #include "specmesh/kernels/flash_decode.hpp"
 #include "specmesh/kernels/ggml_types.hpp"
 #include "specmesh/kernels/matmul.hpp"
@@ -189,12 +190,16 @@ void ceiling_table() {
   for (int c = 0; c < 2; ++c) {
     const size_t n = cases[c].n;
     const int layers = cases[c].layers;
-    std::vector<std::vector<uint16_t>> k(static_cast<size_t>(layers)), v(static_cast<size_t>(layers));
+    // Allocated as the KV cache allocates its layers (AlignedBuffer: huge pages where the
+    // kernel gives them), so the rows cost the same page walks.
+    std::vector<AlignedBuffer> k, v;
     for (int l = 0; l < layers; ++l) {
-      k[size_t(l)].resize(n * stride);
-      v[size_t(l)].resize(n * stride);
-      for (auto& x : k[size_t(l)]) x = fp32_to_fp16(g(rng));
-      for (auto& x : v[size_t(l)]) x = fp32_to_fp16(g(rng));
+      k.emplace_back(n * stride * sizeof(uint16_t), false);
+      v.emplace_back(n * stride * sizeof(uint16_t), false);
+      for (AlignedBuffer* b : {&k.back(), &v.back()}) {
+        auto* x = reinterpret_cast<uint16_t*>(b->data());
+        for (size_t i = 0; i < n * stride; ++i) x[i] = fp32_to_fp16(g(rng));
+      }
     }
     std::vector<int32_t> cells(n);
     std::iota(cells.begin(), cells.end(), 0);
