@@ -24,6 +24,7 @@
 #include "specmesh/kernels/aligned_buffer.hpp"
 #include "specmesh/kernels/flash_decode.hpp"
 #include "specmesh/kernels/ggml_types.hpp"
+#include "specmesh/kernels/kv_rows.hpp"
 #include "specmesh/kernels/matmul.hpp"
 #include "specmesh/kernels/thread_pool.hpp"
 
@@ -161,15 +162,15 @@ void ratio_table() {
   }
 }
 
-// What bounds long-context decode with an F16 cache: the decode shape of bench_decode's
-// tinyllama-1.1b preset (32 query heads, 4 KV heads of 64, 22 layers), 2 threads, the keys and
-// values read as KV bytes per second in two places. In cache: one layer of 4096 keys (4 MiB,
-// the two cores' L2 and the L3) again and again, so the rate is the kernel's compute (fewer
-// keys would time the pool's wake-up and the merge more than the kernel). From memory: 22
-// layers of 16384 keys (360 MiB) in turn, as a decode step reads them, so nothing stays cached
-// between passes. If the first rate is not well above the second, or is below the machine's
-// read bandwidth (measured last), the kernel's arithmetic and not the memory bounds decode at
-// depth.
+// What bounds long-context decode: the decode shape of bench_decode's tinyllama-1.1b preset (32
+// query heads, 4 KV heads of 64, 22 layers), 2 threads, the keys and values read as KV bytes
+// per second in two places, for an F16 cache and a Q8_0 one. In cache: one layer of 4096 keys
+// (4 MiB of F16, within the two cores' L2 and the L3) again and again, so the rate is the
+// kernel's compute (fewer keys would time the pool's wake-up and the merge more than the
+// kernel). From memory: 22 layers of 16384 keys (360 MiB of F16) in turn, as a decode step
+// reads them, so nothing stays cached between passes. If the first rate is not well above the
+// second, or is below the machine's read bandwidth (measured last), the kernel's arithmetic and
+// not the memory bounds decode at depth.
 void ceiling_table() {
   constexpr HeadShape shape{32, 4, 64};
   constexpr int kLayers = 22;
@@ -178,50 +179,57 @@ void ceiling_table() {
   ThreadPool& tp = pool(2);
   std::mt19937 rng(5);
   std::normal_distribution<float> g(0.0f, 1.0f);  // as data()'s keys, values and queries
-  std::vector<float> q(size_t(shape.n_head) * shape.head_dim), out(q.size());
+  std::vector<float> q(size_t(shape.n_head) * shape.head_dim), out(q.size()), row(stride);
   for (auto& x : q) x = g(rng);
   const float scale = 1.0f / std::sqrt(float(shape.head_dim));
-  std::printf("\nF16 KV decode ceiling, %d/%d heads, head_dim %d, %s, 2 threads, %d rounds\n", shape.n_head,
+  std::printf("\nKV decode ceiling, %d/%d heads, head_dim %d, %s, 2 threads, %d rounds\n", shape.n_head,
               shape.n_head_kv, shape.head_dim, matmul_isa(), rounds);
-  std::printf("%-34s %10s %12s %10s\n", "where the keys are", "keys", "ms / layer", "KV GB/s");
-  double rate[2] = {0, 0};
+  std::printf("%-6s %-34s %10s %12s %10s\n", "cache", "where the keys are", "keys", "ms / layer", "KV GB/s");
   const struct { const char* where; size_t n; int layers; } cases[] = {
       {"in cache (one layer, again)", 4096, 1}, {"from memory (22 layers in turn)", 16384, kLayers}};
-  for (int c = 0; c < 2; ++c) {
-    const size_t n = cases[c].n;
-    const int layers = cases[c].layers;
-    // Allocated as the KV cache allocates its layers (AlignedBuffer: huge pages where the
-    // kernel gives them), so the rows cost the same page walks.
-    std::vector<AlignedBuffer> k, v;
-    for (int l = 0; l < layers; ++l) {
-      k.emplace_back(n * stride * sizeof(uint16_t), false);
-      v.emplace_back(n * stride * sizeof(uint16_t), false);
-      for (AlignedBuffer* b : {&k.back(), &v.back()}) {
-        auto* x = reinterpret_cast<uint16_t*>(b->data());
-        for (size_t i = 0; i < n * stride; ++i) x[i] = fp32_to_fp16(g(rng));
+  std::vector<double> in_cache;
+  for (DType type : {DType::F16, DType::Q8_0}) {
+    const size_t row_bytes = kv_row_bytes(type, stride);
+    double rate[2] = {0, 0};
+    for (int c = 0; c < 2; ++c) {
+      const size_t n = cases[c].n;
+      const int layers = cases[c].layers;
+      // Allocated as the KV cache allocates its layers (AlignedBuffer: huge pages where the
+      // kernel gives them), so the rows cost the same page walks.
+      std::vector<AlignedBuffer> k, v;
+      for (int l = 0; l < layers; ++l) {
+        k.emplace_back(n * row_bytes, false);
+        v.emplace_back(n * row_bytes, false);
+        for (AlignedBuffer* b : {&k.back(), &v.back()})
+          for (size_t r = 0; r < n; ++r) {
+            for (auto& x : row) x = g(rng);
+            kv_store(type, row.data(), stride, b->data() + r * row_bytes);
+          }
       }
-    }
-    std::vector<int32_t> cells(n);
-    std::iota(cells.begin(), cells.end(), 0);
-    const int calls = kLayers;  // per round, in both cases
-    std::vector<double> ms;
-    for (int r = 0; r <= rounds; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < calls; ++i) {
-        const size_t l = size_t(i % layers);
-        flash_decode(q.data(), shape, scale, KvRows{k[l].data(), v[l].data(), stride, DType::F16}, cells.data(), n,
-                     out.data(), FlashLayout{}, &tp);
+      std::vector<int32_t> cells(n);
+      std::iota(cells.begin(), cells.end(), 0);
+      const int calls = kLayers;  // per round, in both cases
+      std::vector<double> ms;
+      for (int r = 0; r <= rounds; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < calls; ++i) {
+          const size_t l = size_t(i % layers);
+          flash_decode(q.data(), shape, scale, KvRows{k[l].data(), v[l].data(), stride, type}, cells.data(), n,
+                       out.data(), FlashLayout{}, &tp);
+        }
+        const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        if (r > 0) ms.push_back(t / calls);  // round 0 warms up
       }
-      const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      if (r > 0) ms.push_back(t / calls);  // round 0 warms up
+      const double per_layer = median(ms);
+      rate[c] = 2.0 * double(n) * double(row_bytes) / (per_layer * 1e6);
+      std::printf("%-6s %-34s %10zu %12.3f %10.1f\n", kv_type_name(type).c_str(), cases[c].where, n, per_layer, rate[c]);
     }
-    const double per_layer = median(ms);
-    rate[c] = 2.0 * double(n) * double(stride) * sizeof(uint16_t) / (per_layer * 1e6);
-    std::printf("%-34s %10zu %12.3f %10.1f\n", cases[c].where, n, per_layer, rate[c]);
+    std::printf("%-6s in cache / from memory %.2fx\n", kv_type_name(type).c_str(), rate[0] / rate[1]);
+    in_cache.push_back(rate[0]);
   }
   const double bw = bench::read_bandwidth(tp, size_t(1) << 30);
-  std::printf("read bandwidth %.1f GB/s; in cache / from memory %.2fx; in cache / read bandwidth %.2fx\n", bw,
-              rate[0] / rate[1], rate[0] / bw);
+  std::printf("read bandwidth %.1f GB/s; in cache / read bandwidth: f16 %.2fx, q8_0 %.2fx\n", bw, in_cache[0] / bw,
+              in_cache[1] / bw);
 }
 
 void register_all() {
