@@ -252,8 +252,19 @@ def train(args):
                  head_dim=H // args.heads, block=args.block, target_layers=int(meta["num_target_layers"]),
                  taps=layer_ids, mask_id=V, vocab=V, eps=float(meta.get("rms_norm_eps", 1e-5)), theta=10000.0)
     m = Drafter(cfg, own_mask=True)
-    if args.init:  # continue from a drafter written earlier (same shape)
-        m.p = {k: v.float().requires_grad_() for k, v in read_safetensors(os.path.join(args.init, "model.safetensors")).items()}
+    if args.init:  # continue from a drafter written earlier (same shape, or fewer layers)
+        init = read_safetensors(os.path.join(args.init, "model.safetensors"))
+        for k, v in init.items():
+            if k not in m.p or m.p[k].shape != v.shape:
+                sys.exit(f"--init {args.init}: {k} {list(v.shape)} does not fit this drafter")
+            m.p[k] = v.float().requires_grad_()
+        # Layers the earlier drafter did not have start as the identity: their output
+        # projections are zero, so the residual stream passes them unchanged and training starts
+        # from the earlier drafter's accuracy (depth up-scaling).
+        for i in range(cfg.layers):
+            if f"layers.{i}.self_attn.q_proj.weight" not in init:
+                for name in ("self_attn.o_proj", "mlp.down_proj"):
+                    m.p[f"layers.{i}.{name}.weight"] = torch.zeros_like(m.p[f"layers.{i}.{name}.weight"]).requires_grad_()
     opt = torch.optim.AdamW(m.parameters(), lr=args.lr, weight_decay=0.01)
     B = cfg.block
     decay = torch.exp(-(torch.arange(1, B, dtype=torch.float32) - 1) / args.gamma)
