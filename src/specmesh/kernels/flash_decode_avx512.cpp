@@ -327,7 +327,7 @@ inline Q8Query quantize_queries(const PartialJob& j) {
 
 // Keys t0 .. t0 + 16 (past the last, key t0 again), the Q8_0 block at value `value` of each
 // row: k[c] lane l holds bytes 4c .. 4c + 4 of key kQ8Lanes[l], plus 128; dk lane l its scale.
-constexpr int kQ8Lanes[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
+constexpr int32_t kQ8Lanes[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
 
 [[gnu::always_inline]] inline void q8_key_block(const PartialJob& j, size_t t0, size_t value, __m512i k[8],
                                                 __m512& dk) {
@@ -382,8 +382,8 @@ template <int H>
       s[i] = b == 0 ? _mm512_mul_ps(_mm512_cvtepi32_ps(acc), w) : _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), w, s[i]);
     }
   }
-  // kQ8Lanes is its own inverse: lane t of the permutation is key t.
-  const __m512i to_keys = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15);
+  // kQ8Lanes is its own inverse, so as a permutation it puts key t in lane t.
+  const __m512i to_keys = _mm512_loadu_si512(kQ8Lanes);
   for (int i = 0; i < H; ++i)
     _mm512_storeu_ps(j.scores + size_t(h + i) * ld + t0,
                      _mm512_mul_ps(_mm512_permutexvar_ps(to_keys, s[i]), _mm512_set1_ps(j.scale)));
