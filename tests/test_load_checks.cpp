@@ -13,6 +13,7 @@
 #include "refdata.hpp"
 #include "specmesh/model/synthetic.hpp"
 #include "specmesh/runtime.hpp"
+#include "specmesh/model/dflash_config.hpp"
 #include "specmesh/model/kv_cache.hpp"
 #include "specmesh/runtime/load_checks.hpp"
 
@@ -150,9 +151,13 @@ TEST(LoadChecks, ADraftersCacheCountsOnItsNode) {
     resolve_layers(t, models);
     const HParams& hp = Model::load(refdata("gguf-models/stories-target-1M.gguf"))->hparams();
     const uint64_t target = KvCache::bytes_needed(1000, hp.n_layer, hp.kv_dim());
-    // The drafter: 1 layer, 4 KV heads of 16, in F32 (its own cache); the window keeps 64 rows
-    // more for crops.
-    const uint64_t draft = KvCache::bytes_needed(window ? window + 64 : 1000, 1, 64, DType::F32);
+    // The drafter: its layers (from its config.json), each K and V of its KV heads, in F32 (its
+    // own cache); the window keeps 64 rows more for crops.
+    std::ifstream cf(drafter + "/config.json");
+    const std::string text((std::istreambuf_iterator<char>(cf)), std::istreambuf_iterator<char>());
+    const DFlashConfig dc = parse_dflash_config(text, drafter + "/config.json");
+    ASSERT_EQ(dc.kv_dim(), 64);  // 4 KV heads of 16
+    const uint64_t draft = KvCache::bytes_needed(window ? window + 64 : 1000, dc.n_layer, dc.kv_dim(), DType::F32);
     ASSERT_GT(draft, 0u);
     EXPECT_NO_THROW(check_kv_memory(t, models, {"head"}, target + draft));
     EXPECT_THROW(check_kv_memory(t, models, {"head"}, target + draft - 1), ConfigError);
