@@ -13,7 +13,7 @@
 #include "refdata.hpp"
 #include "specmesh/model/synthetic.hpp"
 #include "specmesh/runtime.hpp"
-#include "specmesh/model/dflash_config.hpp"
+#include "specmesh/model/dflash_drafter.hpp"
 #include "specmesh/model/kv_cache.hpp"
 #include "specmesh/runtime/load_checks.hpp"
 
@@ -153,9 +153,7 @@ TEST(LoadChecks, ADraftersCacheCountsOnItsNode) {
     const uint64_t target = KvCache::bytes_needed(1000, hp.n_layer, hp.kv_dim());
     // The drafter: its layers (from its config.json), each K and V of its KV heads, in F32 (its
     // own cache); the window keeps 64 rows more for crops.
-    std::ifstream cf(drafter + "/config.json");
-    const std::string text((std::istreambuf_iterator<char>(cf)), std::istreambuf_iterator<char>());
-    const DFlashConfig dc = parse_dflash_config(text, drafter + "/config.json");
+    const DFlashConfig dc = DFlashDrafter::load(drafter)->config();
     ASSERT_EQ(dc.kv_dim(), 64);  // 4 KV heads of 16
     const uint64_t draft = KvCache::bytes_needed(window ? window + 64 : 1000, dc.n_layer, dc.kv_dim(), DType::F32);
     ASSERT_GT(draft, 0u);

@@ -35,6 +35,7 @@
 
 #include "specmesh/kernels/ggml_types.hpp"
 #include "specmesh/kernels/matmul_impl.hpp"
+#include "specmesh/kernels/packed_layout.hpp"
 
 namespace specmesh::mm {
 
@@ -427,9 +428,10 @@ void panel_tile(const Problem& p, size_t panel, size_t t, size_t a0, size_t a1) 
   store_panels<P, T>(p, panel, t, a0, a1, acc);
 }
 
-// A packed K-quant super-block starts with 64 bytes of d (and dmin) and 256 of scales (and
-// mins), its quants after them (packed_weights.hpp).
-constexpr size_t kKQuantMeta = 64 + 256;
+// A packed K-quant super-block: d (and dmin), then scales (and mins) at packed::kKQuantScales,
+// then quants at packed::kKQuantQuants (packed_weights.hpp).
+using packed::kKQuantQuants;
+using packed::kKQuantScales;
 
 // Q4_K panels (PackedWeights::kQ4KBytes per super-block): per sub-block s of 32, the
 // 16 rows' scale a = d * sc_s and min b = dmin * m_s (both exact in f32), and
@@ -447,11 +449,11 @@ inline void q4_K_sub(const uint8_t* const (&q)[P], const ActBlk* const (&x)[T], 
   for (int g = 0; g < 8; ++g) {
     __m512i w[P];
     for (int i = 0; i < P; ++i)
-      w[i] = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(q[i] + kKQuantMeta + chunk * 512 + 64 * g), Shift), nib);
+      w[i] = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(q[i] + kKQuantQuants + chunk * 512 + 64 * g), Shift), nib);
     dot_group(w, x, xb, 4 * g, s);
   }
   for (int i = 0; i < P; ++i) {
-    const uint8_t* meta = q[i] + 64;
+    const uint8_t* meta = q[i] + kKQuantScales;
     const __m512 a = _mm512_mul_ps(d[i], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
                                              _mm_load_si128(reinterpret_cast<const __m128i*>(meta + 16 * sub)))));
     const __m512 b = _mm512_mul_ps(dmin[i], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(
@@ -473,7 +475,7 @@ void panel_tile_q4_K(const Problem& p, size_t panel, size_t t, size_t a0, size_t
     const uint8_t* q[P];
     __m512 d[P], dmin[P];
     for (int i = 0; i < P; ++i) {
-      q[i] = p.wp + (panel + i) * p.panel_bytes + sb * (kKQuantMeta + 2048);  // PackedWeights::kQ4KBytes
+      q[i] = p.wp + (panel + i) * p.panel_bytes + sb * packed::kQ4KBytes;
       d[i] = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(q[i])));
       dmin[i] = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(q[i] + 32)));
     }
@@ -499,7 +501,7 @@ void panel_tile_q6_K(const Problem& p, size_t panel, size_t t, size_t a0, size_t
     const uint8_t* q[P];
     __m512 d[P];
     for (int i = 0; i < P; ++i) {
-      q[i] = p.wp + (panel + i) * p.panel_bytes + sb * (kKQuantMeta + 4096);  // PackedWeights::kQ6KBytes
+      q[i] = p.wp + (panel + i) * p.panel_bytes + sb * packed::kQ6KBytes;
       d[i] = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(q[i])));
     }
     for (size_t sub = 0; sub < QK_K / 16; ++sub) {
@@ -512,12 +514,12 @@ void panel_tile_q6_K(const Problem& p, size_t panel, size_t t, size_t a0, size_t
 #pragma GCC unroll 4
       for (int g = 0; g < 4; ++g) {
         __m512i w[P];
-        for (int i = 0; i < P; ++i) w[i] = _mm512_load_si512(q[i] + kKQuantMeta + (sub / 2) * 512 + 64 * (4 * half + g));
+        for (int i = 0; i < P; ++i) w[i] = _mm512_load_si512(q[i] + kKQuantQuants + (sub / 2) * 512 + 64 * (4 * half + g));
         dot_group(w, x, xb, int(16 * half) + 4 * g, s);
       }
       for (int i = 0; i < P; ++i) {
         const __m512 a = _mm512_mul_ps(d[i], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                                 _mm_load_si128(reinterpret_cast<const __m128i*>(q[i] + 64 + 16 * sub)))));
+                                                 _mm_load_si128(reinterpret_cast<const __m128i*>(q[i] + kKQuantScales + 16 * sub)))));
         for (int j = 0; j < T; ++j)
           acc[i][j] =
               _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[i][j]), a), _mm512_set1_ps(x[j][xb].q.d), acc[i][j]);

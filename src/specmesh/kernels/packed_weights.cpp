@@ -87,8 +87,8 @@ void PackedWeights::pack_q4_K(const WeightView& w, size_t panel) {
     for (size_t sb = 0; sb < nsb; ++sb) {
       uint8_t* const base = data_.data() + p * panel + sb * kQ4KBytes;
       auto* d = reinterpret_cast<uint16_t*>(base);
-      uint8_t* sc = base + 64;
-      uint8_t* dst = base + 64 + 256;  // the quants
+      uint8_t* sc = base + packed::kKQuantScales;
+      uint8_t* dst = base + packed::kKQuantQuants;
       for (size_t r = 0; r < kPanelRows; ++r) {
         const size_t row = p * kPanelRows + r;
         if (row >= w.rows) {  // zero weights: quants, scales and mins 0
@@ -115,8 +115,8 @@ void PackedWeights::pack_q6_K(const WeightView& w, size_t panel) {
     for (size_t sb = 0; sb < nsb; ++sb) {
       uint8_t* const base = data_.data() + p * panel + sb * kQ6KBytes;
       auto* d = reinterpret_cast<uint16_t*>(base);
-      auto* sc = reinterpret_cast<int8_t*>(base + 64);
-      uint8_t* dst = base + 64 + 256;  // the quants
+      auto* sc = reinterpret_cast<int8_t*>(base + packed::kKQuantScales);
+      uint8_t* dst = base + packed::kKQuantQuants;
       std::memset(d, 0, 64);
       for (size_t r = 0; r < kPanelRows; ++r) {
         const size_t row = p * kPanelRows + r;

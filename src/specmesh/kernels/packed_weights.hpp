@@ -38,6 +38,7 @@
 
 #include "specmesh/kernels/aligned_buffer.hpp"
 #include "specmesh/kernels/ggml_types.hpp"
+#include "specmesh/kernels/packed_layout.hpp"
 
 namespace specmesh {
 
@@ -47,8 +48,8 @@ class PackedWeights {
  public:
   static constexpr size_t kPanelRows = 16;
 
-  static constexpr size_t kQ4KBytes = 64 + 256 + 2048;  // one super-block of a panel
-  static constexpr size_t kQ6KBytes = 64 + 256 + 4096;
+  static constexpr size_t kQ4KBytes = packed::kQ4KBytes;  // one super-block of a panel
+  static constexpr size_t kQ6KBytes = packed::kQ6KBytes;
 
   // Whether the type has a packed form: Q8_0, Q4_0, Q4_K and Q6_K.
   static bool packable(DType type);
