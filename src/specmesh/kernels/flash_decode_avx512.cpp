@@ -12,10 +12,12 @@
 // Values: up to eight heads of one KV head keep their outputs in registers while the keys pass,
 // so each value row is loaded and widened once for all of them.
 //
-// Memory: the scores and the softmax ask, a few cache lines at a time between the
-// multiply-adds, for the rows of the partial this thread computes next (PartialJob::next, to
-// L2), so the memory stays busy while they compute; each score block also asks for its value
-// rows, and the values pass for the rows 16 keys ahead (to L1).
+// Memory: every pass asks, a few cache lines at a time between the multiply-adds, for the rows
+// of the partial this thread computes next (PartialJob::next, to L2): half of them during the
+// scores and the softmax, half during the values, so the memory stays busy for the whole
+// partial (asking for all of them before the values pass left it idle through that pass, and
+// decode at 16K keys 4-5 % slower). The values pass also asks for its own rows 16 keys ahead
+// (to L1).
 //
 // Determinism: a score's four lanes and their sum are the same operations whichever heads share
 // its call and wherever its key sits in a block; the weights' sum adds keys t, t + 16, ... in
@@ -106,6 +108,8 @@ struct Q8Rows {
 // How many keys ahead the values pass asks for value rows: rows a cell list names are not
 // where the hardware prefetcher looks (in a large model each row is its own 4 KiB page).
 constexpr size_t kAhead = 16;
+// How many keys of the values pass go by between its asks for the next partial's rows.
+constexpr size_t kAskEvery = 4;
 
 // The rows the thread reads after this partial (PartialJob::next): the bytes [lo, hi) of each
 // key row, then of each value row, asked for to L2 a few cache lines per call.
@@ -132,8 +136,9 @@ struct NextRows {
 // order of w_h[t] * v_t[off .. off + 16 N).
 // LD: the score rows' stride when it is the usual one (kScoreRows), which leaves the eight
 // heads' weights one register and constant offsets away; 0: read it from `ld`.
+// Every kAskEvery keys it asks for `per` lines of the next partial's rows.
 template <int N, int H, class E, size_t LD>
-inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size_t o0) {
+inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size_t o0, NextRows& next, size_t per) {
   const size_t ld = LD > 0 ? LD : ld_;
   const size_t row_bytes = E::bytes(j.kv->row_stride);
   __m512 acc[H][N];
@@ -141,6 +146,7 @@ inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size
     for (auto& v : a) v = _mm512_setzero_ps();
   const float* w = j.scores + size_t(h0) * ld;
   for (size_t t = 0; t < j.count; ++t) {
+    if (t % kAskEvery == 0) next.ask(per);
     const typename E::Ptr v = E::at(j.kv->v, row_bytes, j.cells[t], off);
     if (t + kAhead < j.count) {
       const typename E::Ptr pv = E::at(j.kv->v, row_bytes, j.cells[t + kAhead], off);
@@ -389,6 +395,13 @@ template <int H>
                      _mm512_mul_ps(_mm512_permutexvar_ps(to_keys, s[i]), _mm512_set1_ps(j.scale)));
 }
 
+// How many heads from h on the values pass takes together (they read one KV head): 8 with two
+// registers of output each, else 4, 2 or 1 with four.
+inline int values_heads(const PartialJob& j, int h) {
+  const int left = j.group - h % j.group;
+  return left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+}
+
 // Heads [h, h + 4) read one KV head.
 inline bool shares_kv4(const PartialJob& j, int h) {
   return j.head_off[h] == j.head_off[h + 3] && j.head_off[h] == j.head_off[h + 1] && j.head_off[h] == j.head_off[h + 2];
@@ -415,39 +428,33 @@ void partial(const PartialJob& j) {
     while (h + run < j.n_q && run < 8 && j.head_off[h + run] == j.head_off[h]) ++run;
     return run >= 8 ? 8 : run >= 4 ? 4 : run >= 2 ? 2 : 1;
   };
-  int steps = j.n_q / 4 + j.n_q % 4;
+  int steps = j.n_q / 4 + j.n_q % 4;  // head steps per score block
   if constexpr (E::kInt8Scores) {
     steps = 0;
     for (int h = 0; h < j.n_q; h += q8_run(h)) ++steps;
   }
 
-  // The next partial's rows: a share asked for at each head step of the scores and each head of
-  // the softmax, so the memory is busy while they compute (the values pass keeps its registers
-  // for its own loop).
-  const size_t asks = (j.count + 15) / 16 * size_t(steps) + size_t(j.n_q);
+  // The next partial's rows: half asked for in shares at each head step of the scores and each
+  // head of the softmax, half every kAskEvery keys of each pass of the values.
   NextRows next{{key_bytes, val_bytes}, j.next_cells, j.next_count, row_bytes, lo_bytes, hi_bytes};
-  const size_t quota = (next.total() + asks - 1) / asks;
+  const size_t asks = (j.count + 15) / 16 * size_t(steps) + size_t(j.n_q);
+  const size_t quota = (next.total() / 2 + asks - 1) / asks;
+  size_t value_asks = 0;
+  for (int h = 0; h < j.n_q; h += values_heads(j, h))
+    value_asks += size_t(nd / (values_heads(j, h) == 8 ? 2 : 4)) * ((j.count + kAskEvery - 1) / kAskEvery);
+  const size_t value_quota = (next.total() - next.total() / 2 + value_asks - 1) / value_asks;
 
-  // Scores, block by block. Each head step asks for its share of this block's value rows and
-  // of the next partial's rows, a few at a time between the multiply-adds, as a burst of them
-  // stalls on the cache's miss buffers. (The key rows are not asked for here: the partial
-  // before on this thread asked for them, and asking again cost 4% at 16K keys.)
-  auto ask = [&](size_t t0, int step) {
-    const size_t u0 = 16 * size_t(step) / size_t(steps), u1 = 16 * size_t(step + 1) / size_t(steps);
-    for (size_t u = u0; u < u1 && t0 + u < j.count; ++u) {
-      const char* row = val_bytes + size_t(j.cells[t0 + u]) * row_bytes;
-      for (size_t x = lo_bytes; x < hi_bytes; x += 64) _mm_prefetch(row + x, _MM_HINT_T1);
-    }
-    next.ask(quota);
-  };
+  // Scores, block by block. Each head step asks for its share of the next partial's rows, a few
+  // at a time between the multiply-adds, as a burst of them stalls on the cache's miss buffers.
+  // (This partial's rows are not asked for again: the partial before on this thread asked for
+  // them; asking again for the keys cost 4 % at 16K keys, for the values nothing measurable.)
   Q8Query qq{};
   if constexpr (E::kInt8Scores) qq = quantize_queries(j);
   for (size_t t0 = 0; t0 < j.count; t0 += 16) {
-    int step = 0;
     if constexpr (E::kInt8Scores) {
       for (int h = 0; h < j.n_q;) {
         const int H = q8_run(h);
-        ask(t0, step++);
+        next.ask(quota);
         if (H == 8) scores_q8<8>(j, qq, h, t0, ld);
         else if (H == 4) scores_q8<4>(j, qq, h, t0, ld);
         else if (H == 2) scores_q8<2>(j, qq, h, t0, ld);
@@ -458,12 +465,12 @@ void partial(const PartialJob& j) {
       key_block<E>(j, t0, j.kv_off + lo, hi - lo, j.key_block);
       int h = 0;
       for (; h + 4 <= j.n_q; h += 4) {
-        ask(t0, step++);
+        next.ask(quota);
         if (shares_kv4(j, h)) scores_block<4, true>(j, h, j.key_block, lo, t0, ld);
         else scores_block<4, false>(j, h, j.key_block, lo, t0, ld);
       }
       for (; h < j.n_q; ++h) {
-        ask(t0, step++);
+        next.ask(quota);
         scores_block<1, false>(j, h, j.key_block, lo, t0, ld);
       }
     }
@@ -485,20 +492,15 @@ void partial(const PartialJob& j) {
   auto values = [&]<size_t LD>() {
     for (int h = 0; h < j.n_q;) {
       const size_t off = j.kv_off + j.head_off[h];
-      const int left = j.group - h % j.group;  // heads from h on that read this KV head
-      if (left >= 8) {
-        for (int c = 0; c < nd; c += 2) accumulate<2, 8, E, LD>(j, h, ld, off + 16 * size_t(c), 16 * size_t(c));
-        h += 8;
-      } else if (left >= 4) {
-        for (int c = 0; c < nd; c += 4) accumulate<4, 4, E, LD>(j, h, ld, off + 16 * size_t(c), 16 * size_t(c));
-        h += 4;
-      } else if (left >= 2) {
-        for (int c = 0; c < nd; c += 4) accumulate<4, 2, E, LD>(j, h, ld, off + 16 * size_t(c), 16 * size_t(c));
-        h += 2;
-      } else {
-        for (int c = 0; c < nd; c += 4) accumulate<4, 1, E, LD>(j, h, ld, off + 16 * size_t(c), 16 * size_t(c));
-        h += 1;
+      const int H = values_heads(j, h);
+      for (int c = 0; c < nd; c += H == 8 ? 2 : 4) {
+        const size_t at = 16 * size_t(c);
+        if (H == 8) accumulate<2, 8, E, LD>(j, h, ld, off + at, at, next, value_quota);
+        else if (H == 4) accumulate<4, 4, E, LD>(j, h, ld, off + at, at, next, value_quota);
+        else if (H == 2) accumulate<4, 2, E, LD>(j, h, ld, off + at, at, next, value_quota);
+        else accumulate<4, 1, E, LD>(j, h, ld, off + at, at, next, value_quota);
       }
+      h += H;
     }
   };
   if (ld == kScoreRows) values.template operator()<kScoreRows>();
