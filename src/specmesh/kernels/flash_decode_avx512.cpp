@@ -395,12 +395,14 @@ template <int H>
                      _mm512_mul_ps(_mm512_permutexvar_ps(to_keys, s[i]), _mm512_set1_ps(j.scale)));
 }
 
-// How many heads from h on the values pass takes together (they read one KV head): 8 with two
-// registers of output each, else 4, 2 or 1 with four.
+// How many heads from h on the values pass takes together (they read one KV head: 8, 4, 2 or 1),
+// and how many registers of 16 values of a row one pass over the keys covers for them (their
+// outputs stay in registers: 8 x 2 or at most 4 x 4).
 inline int values_heads(const PartialJob& j, int h) {
   const int left = j.group - h % j.group;
   return left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
 }
+constexpr int value_regs(int heads) { return heads == 8 ? 2 : 4; }
 
 // Heads [h, h + 4) read one KV head.
 inline bool shares_kv4(const PartialJob& j, int h) {
@@ -439,9 +441,11 @@ void partial(const PartialJob& j) {
   NextRows next{{key_bytes, val_bytes}, j.next_cells, j.next_count, row_bytes, lo_bytes, hi_bytes};
   const size_t asks = (j.count + 15) / 16 * size_t(steps) + size_t(j.n_q);
   const size_t quota = (next.total() / 2 + asks - 1) / asks;
-  size_t value_asks = 0;
-  for (int h = 0; h < j.n_q; h += values_heads(j, h))
-    value_asks += size_t(nd / (values_heads(j, h) == 8 ? 2 : 4)) * ((j.count + kAskEvery - 1) / kAskEvery);
+  size_t value_asks = 0;  // accumulate calls (one per head group and 16 N values) times their asks
+  for (int h = 0, H; h < j.n_q; h += H) {
+    H = values_heads(j, h);
+    value_asks += size_t(nd / value_regs(H)) * ((j.count + kAskEvery - 1) / kAskEvery);
+  }
   const size_t value_quota = (next.total() - next.total() / 2 + value_asks - 1) / value_asks;
 
   // Scores, block by block. Each head step asks for its share of the next partial's rows, a few
@@ -493,7 +497,7 @@ void partial(const PartialJob& j) {
     for (int h = 0; h < j.n_q;) {
       const size_t off = j.kv_off + j.head_off[h];
       const int H = values_heads(j, h);
-      for (int c = 0; c < nd; c += H == 8 ? 2 : 4) {
+      for (int c = 0; c < nd; c += value_regs(H)) {
         const size_t at = 16 * size_t(c);
         if (H == 8) accumulate<2, 8, E, LD>(j, h, ld, off + at, at, next, value_quota);
         else if (H == 4) accumulate<4, 4, E, LD>(j, h, ld, off + at, at, next, value_quota);
