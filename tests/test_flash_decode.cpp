@@ -556,6 +556,38 @@ TEST_F(FlashDecodeTest, Q8KeysScoreAgainstQuantisedQueries) {
   }
 }
 
+// A thread quantises the queries for a Q8_0 cache once and reuses them while its next partials
+// bring the same values. A query buffer refilled in place (as a model refills its q for the
+// next layer) must be quantised again: its result is what a fresh buffer with those values
+// gives, bit for bit, and not the old query's.
+TEST_F(FlashDecodeTest, Q8QueriesRefilledInPlaceAreQuantisedAgain) {
+  if (!matmul_set_isa("avx512")) GTEST_SKIP() << "this CPU has no AVX-512 path";
+  use("avx512");
+  const HeadShape hs{8, 2, 64};
+  const size_t n = 700;
+  Problem p = make_problem(hs, n, 29);
+  const Stored st = store(p, DType::Q8_0);
+  const Problem other = make_problem(hs, n, 31);  // only its query is used
+  auto attend = [&](const std::vector<float>& q) {
+    std::vector<float> out(q.size());
+    flash_decode(q.data(), hs, p.scale, st.rows(), p.cells.data(), n, out.data());
+    return out;
+  };
+  std::vector<float> q = p.q;
+  const std::vector<float> first = attend(q);
+  q = other.q;  // the same buffer, new values
+  const std::vector<float> refilled = attend(q);
+  const std::vector<float> fresh = attend(std::vector<float>(other.q));
+  EXPECT_TRUE(same_bits(refilled, fresh));
+  EXPECT_FALSE(same_bits(refilled, first));
+  q = p.q;  // and back
+  EXPECT_TRUE(same_bits(attend(q), first));
+  // One value changed in the last block is enough to quantise again.
+  q.back() = q.back() * 0.5f + 0.25f;
+  EXPECT_TRUE(same_bits(attend(q), attend(std::vector<float>(q))));
+  EXPECT_FALSE(same_bits(attend(q), first));
+}
+
 TEST(KvRows, StoreAndLoadRoundAsDocumented) {
   std::mt19937 rng(3);
   std::normal_distribution<float> g(0.0f, 3.0f);

@@ -288,9 +288,23 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
   if (D % 64 == 0 && matmul_isa_has_avx512()) {
     const bool q8_in_place = kv.type == DType::Q8_0 && job.kv_off % QK8_0 == 0;
     if (!q8_in_place) return detail::flash_partial_avx512(simd_reads ? job : widened(job, wide));
+    // The partials of one decode step share their queries: a thread quantises them for its
+    // first partial and reuses them while the next ones bring the same bits (compared whole,
+    // so a buffer refilled for the next layer or step is quantised again).
     thread_local AlignedBuffer q8;
+    thread_local std::vector<float> q8_of;  // the queries q8 holds, bit for bit
+    thread_local const float* q8_at = nullptr;
+    thread_local int q8_heads = 0;
     detail::PartialJob q8_job = job;
     q8_job.q8 = scratch(q8, detail::q8_scratch_floats(n_q, D));
+    const size_t values = size_t(n_q) * size_t(D);
+    q8_job.q8_ready = q8_job.q8 == q8_at && n_q == q8_heads && q8_of.size() == values &&
+                      std::memcmp(q, q8_of.data(), values * sizeof(float)) == 0;
+    if (!q8_job.q8_ready) {
+      q8_of.assign(q, q + values);
+      q8_at = q8_job.q8;
+      q8_heads = n_q;
+    }
     return detail::flash_partial_avx512(q8_job);
   }
   if (use_avx2()) return detail::flash_partial_avx2(simd_reads ? job : widened(job, wide));

@@ -167,6 +167,8 @@ struct PartialJob {
   // Scratch for the queries quantised to 8 bits: q8_scratch_floats(n_q, head_dim) floats, set
   // when the AVX-512 kernel reads Q8_0 rows (its scores are 8-bit dot products).
   float* q8 = nullptr;
+  // q8 already holds these queries quantised (the thread's previous partial had the same ones).
+  bool q8_ready = false;
 };
 
 constexpr size_t q8_scratch_floats(int n_q, int head_dim) {

@@ -309,11 +309,13 @@ struct Q8Query {
   const int32_t* bias;  // -128 * the block's sum of q, per head and block
 };
 
+// The job's quantised queries, computed into j.q8 unless it holds them already (q8_ready).
 inline Q8Query quantize_queries(const PartialJob& j) {
   const int D = j.head_dim, nb = D / 32;
   auto* q8 = reinterpret_cast<int8_t*>(j.q8);
   float* d = j.q8 + size_t(j.n_q) * size_t(D) / 4;
   auto* bias = reinterpret_cast<int32_t*>(d + size_t(j.n_q) * size_t(nb));
+  if (j.q8_ready) return {q8, d, bias};
   for (int h = 0; h < j.n_q; ++h)
     for (int b = 0; b < nb; ++b) {
       const float* x = j.q + size_t(h) * size_t(D) + 32 * size_t(b);
