@@ -154,10 +154,11 @@ void merge_spec(FlashPartials& parts, int h0, int h1, float* spec) {
 }
 
 // Every head's full output, slot 2 merged with the middle slots, to full[h * D]; split by heads
-// over the pool when `threaded`. At 16K keys this merge reads 130 slots of every head, a tenth
-// of the time of the sweep before it if one thread does it alone; the workers are still
-// spinning from that sweep, so handing them half costs no wake-up.
-void merge_full(const FlashPartials& parts, size_t n_slots, float* full, bool threaded, ThreadPool* pool) {
+// over the pool when the merge is worth it by the same measure as the sweep. At 16K keys it
+// reads 130 slots of every head, a tenth of the time of the sweep before it if one thread does
+// it alone; the workers are still spinning from that sweep, so handing them half costs no
+// wake-up. (A short context's three slots stay on this thread.)
+void merge_full(const FlashPartials& parts, size_t n_slots, float* full, ThreadPool* pool) {
   const int D = parts.head_dim;
   auto heads = [&](size_t h0, size_t h1) {
     for (size_t h = h0; h < h1; ++h) {
@@ -167,7 +168,7 @@ void merge_full(const FlashPartials& parts, size_t n_slots, float* full, bool th
       normalise(out, l, D, out);
     }
   };
-  if (threaded) pool->parallel_for(size_t(parts.n_q), heads);
+  if (use_pool(pool, n_slots * size_t(parts.n_q) * size_t(D))) pool->parallel_for(size_t(parts.n_q), heads);
   else heads(0, size_t(parts.n_q));
 }
 
@@ -206,7 +207,7 @@ void decode_heads(const float* q, int n_q, int group, const KvRows& kv, size_t k
              [&](size_t i, size_t then) { compute([](size_t x) { return x < 2 ? x : x + 1; }, i, then); });
     merge_spec(parts, 0, n_q, spec);
   }
-  merge_full(parts, plan.n_slots(), full, threaded, pool);
+  merge_full(parts, plan.n_slots(), full, pool);
 }
 
 void check_shape(const HeadShape& hs) {
@@ -290,21 +291,16 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
     if (!q8_in_place) return detail::flash_partial_avx512(simd_reads ? job : widened(job, wide));
     // The partials of one decode step share their queries: a thread quantises them for its
     // first partial and reuses them while the next ones bring the same bits (compared whole,
-    // so a buffer refilled for the next layer or step is quantised again).
+    // so a buffer refilled for the next layer or step is quantised again). The quantisation
+    // is per 32 values of the flat queries and its scratch's size a function of their count,
+    // so equal bits mean equal contents of the scratch, which only grows for a larger count.
     thread_local AlignedBuffer q8;
     thread_local std::vector<float> q8_of;  // the queries q8 holds, bit for bit
-    thread_local const float* q8_at = nullptr;
-    thread_local int q8_heads = 0;
     detail::PartialJob q8_job = job;
     q8_job.q8 = scratch(q8, detail::q8_scratch_floats(n_q, D));
     const size_t values = size_t(n_q) * size_t(D);
-    q8_job.q8_ready = q8_job.q8 == q8_at && n_q == q8_heads && q8_of.size() == values &&
-                      std::memcmp(q, q8_of.data(), values * sizeof(float)) == 0;
-    if (!q8_job.q8_ready) {
-      q8_of.assign(q, q + values);
-      q8_at = q8_job.q8;
-      q8_heads = n_q;
-    }
+    q8_job.q8_ready = q8_of.size() == values && std::memcmp(q, q8_of.data(), values * sizeof(float)) == 0;
+    if (!q8_job.q8_ready) q8_of.assign(q, q + values);
     return detail::flash_partial_avx512(q8_job);
   }
   if (use_avx2()) return detail::flash_partial_avx2(simd_reads ? job : widened(job, wide));
@@ -396,7 +392,7 @@ void flash_decode_rows(const float* q, const HeadShape& hs, float scale, const K
       }
     });
     merge_spec(parts, 0, n_q, nullptr);
-    merge_full(parts, plan.n_slots(), out + r0 * row_values, threaded, pool);
+    merge_full(parts, plan.n_slots(), out + r0 * row_values, pool);
     r0 = r1;
   }
 }

@@ -397,13 +397,15 @@ template <int H>
                      _mm512_mul_ps(_mm512_permutexvar_ps(to_keys, s[i]), _mm512_set1_ps(j.scale)));
 }
 
-// How many heads from h on the values pass takes together (they read one KV head: 8, 4, 2 or 1),
-// and how many registers of 16 values of a row one pass over the keys covers for them (their
-// outputs stay in registers: 8 x 2 or at most 4 x 4).
-inline int values_heads(const PartialJob& j, int h) {
-  const int left = j.group - h % j.group;
-  return left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+// How many heads from h on read one KV head (the same rows), taken together by the 8-bit
+// scores and by the values pass: 8, 4, 2 or 1.
+inline int kv_run(const PartialJob& j, int h) {
+  int run = 1;
+  while (h + run < j.n_q && run < 8 && j.head_off[h + run] == j.head_off[h]) ++run;
+  return run >= 8 ? 8 : run >= 4 ? 4 : run >= 2 ? 2 : 1;
 }
+// How many registers of 16 values of a row one values pass covers for a run of `heads` (their
+// outputs stay in registers: 8 x 2 or at most 4 x 4).
 constexpr int value_regs(int heads) { return heads == 8 ? 2 : 4; }
 
 // Heads [h, h + 4) read one KV head.
@@ -425,17 +427,12 @@ void partial(const PartialJob& j) {
   const auto* val_bytes = static_cast<const char*>(j.kv->v);
   const size_t row_bytes = E::bytes(j.kv->row_stride);
 
-  // Head steps per score block: runs of up to eight heads of one KV head (8-bit scores), else
-  // four heads at a time and the rest one by one.
-  auto q8_run = [&](int h) {
-    int run = 1;
-    while (h + run < j.n_q && run < 8 && j.head_off[h + run] == j.head_off[h]) ++run;
-    return run >= 8 ? 8 : run >= 4 ? 4 : run >= 2 ? 2 : 1;
-  };
-  int steps = j.n_q / 4 + j.n_q % 4;  // head steps per score block
+  // Head steps per score block: runs of heads of one KV head (8-bit scores), else four heads at
+  // a time and the rest one by one.
+  int steps = j.n_q / 4 + j.n_q % 4;
   if constexpr (E::kInt8Scores) {
     steps = 0;
-    for (int h = 0; h < j.n_q; h += q8_run(h)) ++steps;
+    for (int h = 0; h < j.n_q; h += kv_run(j, h)) ++steps;
   }
 
   // The next partial's rows: half asked for in shares at each head step of the scores and each
@@ -445,7 +442,7 @@ void partial(const PartialJob& j) {
   const size_t quota = (next.total() / 2 + asks - 1) / asks;
   size_t value_asks = 0;  // accumulate calls (one per head group and 16 N values) times their asks
   for (int h = 0, H; h < j.n_q; h += H) {
-    H = values_heads(j, h);
+    H = kv_run(j, h);
     value_asks += size_t(nd / value_regs(H)) * ((j.count + kAskEvery - 1) / kAskEvery);
   }
   const size_t value_quota = (next.total() - next.total() / 2 + value_asks - 1) / value_asks;
@@ -459,7 +456,7 @@ void partial(const PartialJob& j) {
   for (size_t t0 = 0; t0 < j.count; t0 += 16) {
     if constexpr (E::kInt8Scores) {
       for (int h = 0; h < j.n_q;) {
-        const int H = q8_run(h);
+        const int H = kv_run(j, h);
         next.ask(quota);
         if (H == 8) scores_q8<8>(j, qq, h, t0, ld);
         else if (H == 4) scores_q8<4>(j, qq, h, t0, ld);
@@ -498,7 +495,7 @@ void partial(const PartialJob& j) {
   auto values = [&]<size_t LD>() {
     for (int h = 0; h < j.n_q;) {
       const size_t off = j.kv_off + j.head_off[h];
-      const int H = values_heads(j, h);
+      const int H = kv_run(j, h);
       for (int c = 0; c < nd; c += value_regs(H)) {
         const size_t at = 16 * size_t(c);
         if (H == 8) accumulate<2, 8, E, LD>(j, h, ld, off + at, at, next, value_quota);
