@@ -266,16 +266,7 @@ void matmul_rows(const WeightView& w, size_t row_begin, size_t row_end, const fl
     const int32_t offset = w.type == DType::Q8_0 ? 128 : w.type == DType::Q4_0 ? 8 : 0;
     thread_local std::vector<ActBlk> blocks;
     blocks.resize(n_tokens * nb);
-    for (size_t t = 0; t < n_tokens; ++t) quantize_act_avx2(x + t * w.cols, w.cols, &blocks[t * nb].q, sizeof(ActBlk));
-    for (ActBlk& b : blocks) {
-      int32_t half[2] = {0, 0};
-      for (int k = 0; k < QK8_0; ++k) half[k / 16] += b.q.qs[k];
-      const int32_t sum = half[0] + half[1];
-      b.corr = -offset * sum;
-      b.dsum = b.q.d * float(sum);
-      b.half_corr[0] = -32 * half[0];
-      b.half_corr[1] = -32 * half[1];
-    }
+    for (size_t t = 0; t < n_tokens; ++t) quantize_act_blocks_avx2(x + t * w.cols, w.cols, offset, &blocks[t * nb]);
     p.xb = blocks.data();
     p.wp = static_cast<const uint8_t*>(w.packed);
     p.row0 = row_begin;

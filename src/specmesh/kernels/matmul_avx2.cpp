@@ -423,34 +423,58 @@ void gemm_rows_avx2(const Problem& p, size_t r0, size_t r1) {
   }
 }
 
-void quantize_act_avx2(const float* x, size_t cols, ActQ8* out_blocks, size_t stride) {
+namespace {
+
+// One block of 32 activations quantised as Q8_0 quantises a row, into out; returns its quants.
+inline __m256i quantize_block(const float* x, ActQ8& out) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  for (size_t b = 0; b < cols / QK8_0; ++b, x += QK8_0) {
-    ActQ8& out = *reinterpret_cast<ActQ8*>(reinterpret_cast<uint8_t*>(out_blocks) + b * stride);
-    __m256 v[4];
-    __m256 amax = _mm256_setzero_ps();
-    for (int k = 0; k < 4; ++k) {
-      v[k] = _mm256_loadu_ps(x + 8 * k);
-      amax = _mm256_max_ps(amax, _mm256_and_ps(v[k], abs_mask));
-    }
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    // Same scalar steps as the portable quantizer, so both paths produce identical blocks.
-    const float d = _mm_cvtss_f32(m) / 127;
-    const float id = d != 0 ? 1 / d : 0;
-    out.d = d;
-    const __m256 idv = _mm256_set1_ps(id);
-    __m256i q[4];
-    for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], idv));  // nearest-even
-    // Packs interleave 128-bit lanes; the permute restores element order.
-    const __m256i q01 = _mm256_packs_epi32(q[0], q[1]);
-    const __m256i q23 = _mm256_packs_epi32(q[2], q[3]);
-    __m256i q8 = _mm256_packs_epi16(q01, q23);
-    q8 = _mm256_permutevar8x32_epi32(q8, perm);
-    q8 = _mm256_max_epi8(q8, _mm256_set1_epi8(-127));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.qs), q8);
+  __m256 v[4];
+  __m256 amax = _mm256_setzero_ps();
+  for (int k = 0; k < 4; ++k) {
+    v[k] = _mm256_loadu_ps(x + 8 * k);
+    amax = _mm256_max_ps(amax, _mm256_and_ps(v[k], abs_mask));
+  }
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  // Same scalar steps as the portable quantizer, so both paths produce identical blocks.
+  const float d = _mm_cvtss_f32(m) / 127;
+  const float id = d != 0 ? 1 / d : 0;
+  out.d = d;
+  const __m256 idv = _mm256_set1_ps(id);
+  __m256i q[4];
+  for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], idv));  // nearest-even
+  // Packs interleave 128-bit lanes; the permute restores element order.
+  const __m256i q01 = _mm256_packs_epi32(q[0], q[1]);
+  const __m256i q23 = _mm256_packs_epi32(q[2], q[3]);
+  __m256i q8 = _mm256_packs_epi16(q01, q23);
+  q8 = _mm256_permutevar8x32_epi32(q8, perm);
+  q8 = _mm256_max_epi8(q8, _mm256_set1_epi8(-127));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.qs), q8);
+  return q8;
+}
+
+}  // namespace
+
+void quantize_act_avx2(const float* x, size_t cols, ActQ8* out) {
+  for (size_t b = 0; b < cols / QK8_0; ++b) quantize_block(x + b * QK8_0, out[b]);
+}
+
+void quantize_act_blocks_avx2(const float* x, size_t cols, int32_t offset, ActBlk* out) {
+  for (size_t b = 0; b < cols / QK8_0; ++b) {
+    ActBlk& blk = out[b];
+    const __m256i q8 = quantize_block(x + b * QK8_0, blk.q);
+    // The sums of each 16 quants: sad of the bytes flipped to unsigned (q + 128) against zero
+    // sums each 8 of them, 1024 over the signed sum.
+    const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(q8, _mm256_set1_epi8(char(0x80))), _mm256_setzero_si256());
+    const int32_t half0 = int32_t(_mm256_extract_epi64(sad, 0) + _mm256_extract_epi64(sad, 1)) - 2048;
+    const int32_t half1 = int32_t(_mm256_extract_epi64(sad, 2) + _mm256_extract_epi64(sad, 3)) - 2048;
+    const int32_t sum = half0 + half1;
+    blk.corr = -offset * sum;
+    blk.dsum = blk.q.d * float(sum);
+    blk.half_corr[0] = -32 * half0;
+    blk.half_corr[1] = -32 * half1;
   }
 }
 

@@ -56,7 +56,9 @@ void pack_act_avx512(DType type, const ActQ8* x, size_t cols, uint8_t* out);
 // bf16_act_elems(cols) elements (zeros past cols). Only for CPUs with AVX-512 BF16.
 size_t bf16_act_elems(size_t cols);
 void bf16_act_avx512(const float* x, size_t cols, uint16_t* out);
-// Blocks `stride` bytes apart (an ActQ8 array, or the ActQ8 inside each ActBlk).
-void quantize_act_avx2(const float* x, size_t cols, ActQ8* out, size_t stride = sizeof(ActQ8));
+void quantize_act_avx2(const float* x, size_t cols, ActQ8* out);
+// The same quantisation into the packed kernels' blocks, with each block's integer sum
+// starting at -offset * sum(q), the min's term d * sum(q), and -32 * the sum of each half.
+void quantize_act_blocks_avx2(const float* x, size_t cols, int32_t offset, ActBlk* out);
 
 }  // namespace specmesh::mm
