@@ -410,6 +410,7 @@ inline const uint8_t* next_tile(const Problem& p, size_t panel, size_t a1) {
   if (T != 1 || (panel + 2 * P - 1) * kRows >= a1) return nullptr;
   return p.wp + (panel + P) * p.panel_bytes;
 }
+
 // Panels [panel, panel + P) x tokens [t, t + T); stores the rows in [a0, a1) (absolute).
 template <class W, int P, int T>
 void panel_tile(const Problem& p, size_t panel, size_t t, size_t a0, size_t a1) {
