@@ -556,10 +556,10 @@ TEST_F(FlashDecodeTest, Q8KeysScoreAgainstQuantisedQueries) {
   }
 }
 
-// A thread quantises the queries for a Q8_0 cache once and reuses them while its next partials
-// bring the same values. A query buffer refilled in place (as a model refills its q for the
-// next layer) must be quantised again: its result is what a fresh buffer with those values
-// gives, bit for bit, and not the old query's.
+// A thread quantises the queries for a Q8_0 cache once per call and reuses them for the call's
+// other partials. A query buffer refilled in place (as a model refills its q for the next
+// layer) must be quantised again: its result is what a fresh buffer with those values gives,
+// bit for bit, and not the old query's.
 TEST_F(FlashDecodeTest, Q8QueriesRefilledInPlaceAreQuantisedAgain) {
   if (!matmul_set_isa("avx512")) GTEST_SKIP() << "this CPU has no AVX-512 path";
   use("avx512");

@@ -1,6 +1,7 @@
 #include "specmesh/kernels/flash_decode.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -182,13 +183,14 @@ void decode_heads(const float* q, int n_q, int group, const KvRows& kv, size_t k
   FlashPartials& parts = tls_parts;
   parts.reset(plan.n_slots(), n_q, D);
   const bool threaded = use_pool(pool, n * size_t(n_q) * size_t(D));
+  const uint64_t queries = flash_queries_id();
   // Item i of a sweep computes slot slot_of(i); `then` is the item its thread computes next.
   auto compute = [&](auto slot_of, size_t i, size_t then) {
     size_t b, e, nb = 0, ne = 0;
     plan.slot_keys(slot_of(i), b, e);
     if (then != kNoSlot) plan.slot_keys(slot_of(then), nb, ne);
     flash_partial(q, n_q, group, n_q / group, kv, kv_off, scale, cells + b, e - b, parts, slot_of(i), 0, cells + nb,
-                  ne - nb);
+                  ne - nb, queries);
   };
 
   // Slots 0 (sink) and 1 (window) make the speculative partial in slot 2; slots 3.. are the
@@ -252,6 +254,11 @@ void FlashPartials::reset(size_t slots, int nq, int dim) {
   l.resize(slots * size_t(nq));
 }
 
+uint64_t flash_queries_id(size_t n) {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(n, std::memory_order_relaxed);
+}
+
 void flash_partial(const float* q, int n_q, int group, const KvRows& kv, size_t kv_off, float scale,
                    const int32_t* cells, size_t count, FlashPartials& out, size_t slot) {
   flash_partial(q, n_q, group, n_q / group, kv, kv_off, scale, cells, count, out, slot, 0);
@@ -259,7 +266,7 @@ void flash_partial(const float* q, int n_q, int group, const KvRows& kv, size_t 
 
 void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& kv, size_t kv_off, float scale,
                    const int32_t* cells, size_t count, FlashPartials& out, size_t slot, int head0,
-                   const int32_t* next, size_t next_count) {
+                   const int32_t* next, size_t next_count, uint64_t queries) {
   const int D = out.head_dim;
   float* o = out.o_at(slot, head0);
   float* m = out.m.data() + out.at(slot, head0);
@@ -289,18 +296,15 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
   if (D % 64 == 0 && matmul_isa_has_avx512()) {
     const bool q8_in_place = kv.type == DType::Q8_0 && job.kv_off % QK8_0 == 0;
     if (!q8_in_place) return detail::flash_partial_avx512(simd_reads ? job : widened(job, wide));
-    // The partials of one decode step share their queries: a thread quantises them for its
-    // first partial and reuses them while the next ones bring the same bits (compared whole,
-    // so a buffer refilled for the next layer or step is quantised again). The quantisation
-    // is per 32 values of the flat queries and its scratch's size a function of their count,
-    // so equal bits mean equal contents of the scratch, which only grows for a larger count.
+    // The partials of one call share their queries (named by `queries`): a thread quantises
+    // them for the first it computes and reuses them for the next ones. The scratch's size
+    // depends only on the queries' count, so it holds them until a partial of another name.
     thread_local AlignedBuffer q8;
-    thread_local std::vector<float> q8_of;  // the queries q8 holds, bit for bit
+    thread_local uint64_t q8_of = 0;  // the name of the queries q8 holds (0: none)
     detail::PartialJob q8_job = job;
     q8_job.q8 = scratch(q8, detail::q8_scratch_floats(n_q, D));
-    const size_t values = size_t(n_q) * size_t(D);
-    q8_job.q8_ready = q8_of.size() == values && std::memcmp(q, q8_of.data(), values * sizeof(float)) == 0;
-    if (!q8_job.q8_ready) q8_of.assign(q, q + values);
+    q8_job.q8_ready = queries != 0 && queries == q8_of;
+    q8_of = queries;
     return detail::flash_partial_avx512(q8_job);
   }
   if (use_avx2()) return detail::flash_partial_avx2(simd_reads ? job : widened(job, wide));
@@ -367,6 +371,7 @@ void flash_decode_rows(const float* q, const HeadShape& hs, float scale, const K
     for (size_t r = r0; r < r1; ++r) work += n[r];
     const bool threaded = use_pool(pool, work * size_t(H) * size_t(D));
     const float* qg = q + r0 * row_values;
+    const uint64_t queries = flash_queries_id(1 + size_t(R));  // the shared items', then each token's
     // Item i's cells: [b, e) of `c`.
     auto item_keys = [&](size_t i, const int32_t*& c, size_t& b, size_t& e) {
       if (i < shared) {
@@ -384,11 +389,11 @@ void flash_decode_rows(const float* q, const HeadShape& hs, float scale, const K
       if (then != kNoSlot) item_keys(then, nc, nb, ne);
       if (i < shared) {
         flash_partial(qg, n_q, group, hs.n_head_kv, kv, 0, scale, c + b, e - b, parts, i == 0 ? 0 : i + 2, 0,
-                      nc + nb, ne - nb);
+                      nc + nb, ne - nb, queries);
       } else {
         const size_t r = r0 + (i - shared);
         flash_partial(q + r * row_values, H, group, hs.n_head_kv, kv, 0, scale, c + b, e - b, parts, 1,
-                      int(r - r0) * H, nc + nb, ne - nb);
+                      int(r - r0) * H, nc + nb, ne - nb, queries + 1 + (r - r0));
       }
     });
     merge_spec(parts, 0, n_q, nullptr);

@@ -86,10 +86,14 @@ void flash_partial(const float* q, int n_q, int group, const KvRows& kv, size_t 
 // The same for query heads that span several tokens: head h reads KV head (h / group) % n_kv
 // and is written to head head0 + h of `out`. `next` and `next_count` name the cells the calling
 // thread reads after this partial, whose rows may be asked for while it computes (a hint: the
-// result is the same without it).
+// result is the same without it). `queries` names the values at q for the caller
+// (flash_queries_id): a thread's partials in a row with the same nonzero name share work that
+// depends only on them (a Q8_0 cache's quantised queries); 0 shares nothing.
 void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& kv, size_t kv_off, float scale,
                    const int32_t* cells, size_t count, FlashPartials& out, size_t slot, int head0,
-                   const int32_t* next = nullptr, size_t next_count = 0);
+                   const int32_t* next = nullptr, size_t next_count = 0, uint64_t queries = 0);
+// `n` names for queries that no other call has named, the first of them returned.
+uint64_t flash_queries_id(size_t n = 1);
 
 // Merges slots [s0, s1) of head h into (o[head_dim], m, l): the maximum over all slots first,
 // then each slot scaled once by e^(m_s - m) and summed in slot order. Empty slots add nothing.
