@@ -290,8 +290,8 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
                                scratch(key_block, 16 * (span_hi - span_lo)), next, next_count};
   thread_local WidenedRows wide;
 #ifdef SPECMESH_HAVE_AVX2_TU
-  // The SIMD kernels read F32 and F16 in place; the AVX-512 one also Q8_0 when each head's
-  // values start a block (head offsets are multiples of D, itself a multiple of 64 there).
+  // The SIMD kernels read F32 and F16 in place, Q8_0 too when each head's values start a block
+  // (head offsets are multiples of D, itself a multiple of 64 for the AVX-512 kernel).
   const bool simd_reads = kv.type == DType::F32 || kv.type == DType::F16;
   if (D % 64 == 0 && matmul_isa_has_avx512()) {
     const bool q8_in_place = kv.type == DType::Q8_0 && job.kv_off % QK8_0 == 0;
@@ -307,7 +307,10 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
     q8_of = queries;
     return detail::flash_partial_avx512(q8_job);
   }
-  if (use_avx2()) return detail::flash_partial_avx2(simd_reads ? job : widened(job, wide));
+  if (use_avx2() && D % 8 == 0) {
+    const bool q8_in_place = kv.type == DType::Q8_0 && job.kv_off % QK8_0 == 0 && D % QK8_0 == 0;
+    return detail::flash_partial_avx2(simd_reads || q8_in_place ? job : widened(job, wide));
+  }
 #endif
   partial_scalar(kv.type == DType::F32 ? job : widened(job, wide));
 }

@@ -146,8 +146,8 @@ SpecCheck speculative_flash_decode(const float* q, const HeadShape& hs, float sc
 namespace detail {
 
 // One partial computation; shared by the portable and the SIMD translation units. The SIMD
-// kernels read F32 and F16 rows, the AVX-512 one Q8_0 too; other types reach them widened to
-// F32 (flash_decode.cpp).
+// kernels read F32, F16 and Q8_0 rows; other types reach them widened to F32
+// (flash_decode.cpp).
 struct PartialJob {
   const float* q;
   int n_q;
@@ -163,8 +163,8 @@ struct PartialJob {
   float* o;        // n_q * head_dim, head-major
   float* m;        // n_q
   float* l;        // n_q
-  float* scores;   // scratch: n_q * score_stride(count) floats (AVX-512 rows; the others pack tighter)
-  float* key_block;  // scratch: 16 keys of the row span the heads read (AVX-512 kernel)
+  float* scores;   // scratch: n_q * score_stride(count) floats (the portable kernel packs tighter)
+  float* key_block;  // scratch: 16 keys of the row span the heads read (SIMD kernels)
   // The cells this thread reads next (a prefetch hint; none when next_count is 0).
   const int32_t* next_cells;
   size_t next_count;
@@ -184,7 +184,7 @@ constexpr size_t q8_scratch_floats(int n_q, int head_dim) {
 constexpr size_t kScoreRows = 128;
 constexpr size_t score_stride(size_t count) { return count <= kScoreRows ? kScoreRows : (count + 15) / 16 * 16; }
 
-void flash_partial_avx2(const PartialJob& job);
+void flash_partial_avx2(const PartialJob& job);    // head_dim a multiple of 8; Q8_0 block-aligned
 void flash_partial_avx512(const PartialJob& job);  // head_dim a multiple of 64; Q8_0 block-aligned, with q8 set
 
 }  // namespace detail

@@ -1,47 +1,46 @@
-// AVX2 + FMA flash-decode partial. Built with -mavx2 -mfma and only called after the run-time
-// CPU check that selects matmul's AVX2 path (flash_decode.cpp).
+// AVX2 + FMA flash-decode partial, for head sizes that are a multiple of 8. Built with -mavx2
+// -mfma -mf16c and only called after the run-time CPU check that selects matmul's AVX2 path
+// (flash_decode.cpp). The AVX-512 kernel's design at half the width and half the registers.
 //
-// Determinism: a head's scores, weights and output accumulate in an order fixed by the key
-// index and head_dim only, never by how many heads share a call or which thread runs it, so
-// per-head attention and the whole-layer kernel agree bit for bit.
+// Scores, over blocks of 8 keys. The block's key rows (the part the job reads) are widened once
+// into a scratch block laid out four values by eight keys: chunk c (values 4c .. 4c + 4 of a
+// row) of keys 0 .. 8 is 32 consecutive floats, keys 2g and 2g + 1 in one register's halves.
+// Each head takes one 128-bit broadcast of its query's chunk c per chunk and multiply-adds it
+// into four accumulators of two keys each, so one score is four lanes (lane r adds
+// q[4c + r] k[4c + r] in chunk order), added by three horizontal adds shared by eight scores.
+// Two heads that read one KV head share the block's loads (two heads' eight accumulators and
+// the four key registers fill the sixteen); the widening (F16, Q8_0) happens once per key for
+// all heads. Against a dot product per key and head, which reduces eight lanes for every score
+// and widens every key once per head, this is about half the operations.
+// Weights: e^(s - m) eight keys at a time, summed in eight lanes.
+// Values: heads of one KV head keep their outputs in eight registers while the keys pass (eight
+// heads times one register of values, four times two, ...), so each value row is loaded and
+// widened once for all of them.
+//
+// Memory: as in the AVX-512 kernel (flash_next_rows.hpp), the rows of the partial this thread
+// computes next are asked for between the multiply-adds, half during the scores and the
+// softmax, half during the values (at 16K keys from memory, 3.1-3.3 ms per layer with the asks,
+// 4.3-4.8 without, on an AMD Zen 3). Unlike the AVX-512 kernel, the values pass does not also
+// ask for its own rows 16 keys ahead to L1: on that CPU it made one layer 20-30 % slower, in
+// cache and from memory (bench_flash_decode, KV decode ceiling).
+//
+// Determinism: a score's four lanes and their sum are the same operations whichever heads share
+// its call and wherever its key sits in a block; the weights' sum adds keys t, t + 8, ... in
+// each lane, then the lanes by one tree; every output sums its keys in key order. So a head's
+// result does not depend on which heads share a call or which thread runs it.
 #if defined(__x86_64__) || defined(__i386__)
 
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cmath>
 
 #include "specmesh/kernels/avx2_reduce.hpp"
 #include "specmesh/kernels/flash_decode.hpp"
+#include "specmesh/kernels/flash_next_rows.hpp"
 
 namespace specmesh::detail {
 
 namespace {
-
-using avx2::hsum;
-
-// Eight stored values (F32, or F16 widened exactly by F16C) as floats.
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-inline float widen(float x) { return x; }
-inline float widen(uint16_t h) { return _cvtsh_ss(h); }
-
-// Four accumulators over 8-float blocks, then a scalar tail.
-template <class E>
-inline float dot(const float* a, const E* b, int n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  int i = 0;
-  for (; i + 32 <= n; i += 32) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8(b + i + 8), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), load8(b + i + 16), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), load8(b + i + 24), a3);
-  }
-  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), a0);
-  float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  for (; i < n; ++i) s = std::fma(a[i], widen(b[i]), s);
-  return s;
-}
 
 // e^x for x <= 0: x = k ln2 + r with |r| <= ln2/2, e^r by a degree-7 Taylor polynomial
 // (relative error about 1e-8 before rounding), times 2^k built in the exponent bits.
@@ -64,81 +63,285 @@ inline __m256 exp_neg(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-// o[0..D) += sum over keys t0..t0+U-1 (in key order) of w[t] * v_t[0..D).
-template <int U, class E>
-inline void accumulate(float* o, const float* w, const E* const* v, int D) {
-  __m256 wv[U];
-  for (int u = 0; u < U; ++u) wv[u] = _mm256_set1_ps(w[u]);
-  int d = 0;
-  for (; d + 8 <= D; d += 8) {
-    __m256 acc = _mm256_loadu_ps(o + d);
-    for (int u = 0; u < U; ++u) acc = _mm256_fmadd_ps(wv[u], load8(v[u] + d), acc);
-    _mm256_storeu_ps(o + d, acc);
+// How a stored type is read. Ptr points at a value of a row; at() finds value `value` of cell
+// `cell`; load8(p, c) widens values [8c, 8c + 8) from p to floats, as kv_load does (F16
+// exactly, Q8_0 as d * q); bytes(n) is what n values take.
+struct F32Rows {
+  using Ptr = const float*;
+  static Ptr at(const void* base, size_t row_bytes, int32_t cell, size_t value) {
+    return reinterpret_cast<Ptr>(static_cast<const char*>(base) + size_t(cell) * row_bytes) + value;
   }
-  for (; d < D; ++d)
-    for (int u = 0; u < U; ++u) o[d] = std::fma(w[u], widen(v[u][d]), o[d]);
+  [[gnu::always_inline]] static __m256 load8(Ptr p, int c) { return _mm256_loadu_ps(p + 8 * c); }
+  static size_t bytes(size_t n) { return n * sizeof(float); }
+};
+
+struct F16Rows {
+  using Ptr = const uint16_t*;
+  static Ptr at(const void* base, size_t row_bytes, int32_t cell, size_t value) {
+    return reinterpret_cast<Ptr>(static_cast<const char*>(base) + size_t(cell) * row_bytes) + value;
+  }
+  [[gnu::always_inline]] static __m256 load8(Ptr p, int c) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * c)));
+  }
+  static size_t bytes(size_t n) { return n * sizeof(uint16_t); }
+};
+
+// Q8_0: `value` must start a quarter block (flash_decode.cpp checks that heads start blocks;
+// the values pass reads 8 values at a time), so 8 values are one quarter of a block.
+struct Q8Rows {
+  struct Ptr {
+    const block_q8_0* block;
+    int quarter;  // of the first value in `block`
+  };
+  static Ptr at(const void* base, size_t row_bytes, int32_t cell, size_t value) {
+    const auto* row = reinterpret_cast<const block_q8_0*>(static_cast<const char*>(base) + size_t(cell) * row_bytes);
+    return {row + value / QK8_0, int(value % QK8_0 / 8)};
+  }
+  [[gnu::always_inline]] static __m256 load8(Ptr p, int c) {
+    const block_q8_0& b = p.block[(p.quarter + c) / 4];
+    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qs + 8 * ((p.quarter + c) % 4)));
+    return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b.d)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+  }
+  static size_t bytes(size_t n) { return (n + QK8_0 - 1) / QK8_0 * sizeof(block_q8_0); }
+};
+
+// Widens values [first, first + width) of the key rows of keys t0 .. t0 + 8 (keys past the
+// last repeat key t0) into kt: value x of key u at kt[(x / 4) * 32 + 4 u + x % 4]. Two keys at
+// a time, their eight-value pieces swapped by 128-bit halves.
+template <class E>
+inline void key_block(const PartialJob& j, size_t t0, size_t first, size_t width, float* kt) {
+  const size_t row_bytes = E::bytes(j.kv->row_stride);
+  for (size_t g = 0; g < 4; ++g) {
+    const size_t a = t0 + 2 * g < j.count ? t0 + 2 * g : t0, b = t0 + 2 * g + 1 < j.count ? t0 + 2 * g + 1 : t0;
+    const typename E::Ptr ra = E::at(j.kv->k, row_bytes, j.cells[a], first);
+    const typename E::Ptr rb = E::at(j.kv->k, row_bytes, j.cells[b], first);
+    for (size_t c = 0; c < width / 8; ++c) {
+      const __m256 x0 = E::load8(ra, int(c)), x1 = E::load8(rb, int(c));
+      _mm256_storeu_ps(kt + 64 * c + 8 * g, _mm256_permute2f128_ps(x0, x1, 0x20));
+      _mm256_storeu_ps(kt + 64 * c + 32 + 8 * g, _mm256_permute2f128_ps(x0, x1, 0x31));
+    }
+  }
 }
 
-// The partial over rows of element type E (float or F16 bits).
+// Scores of heads h .. h + H for the 8 keys of kt, which starts at value `lo` after kv_off.
+// Shared: the H heads read one KV head, so they share the block's loads.
+template <int H, bool Shared>
+[[gnu::always_inline]] inline void scores_block(const PartialJob& j, int h, const float* kt, size_t lo, size_t t0,
+                                                size_t ld) {
+  const int nc = j.head_dim / 4;
+  const float* kh[H];
+  const float* q[H];
+  for (int i = 0; i < H; ++i) {
+    kh[i] = kt + (j.head_off[h + i] - lo) * 8;
+    q[i] = j.q + size_t(h + i) * j.head_dim;
+  }
+  __m256 acc[H][4];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm256_setzero_ps();
+  for (int c = 0; c < nc; ++c) {
+    __m256 kv[4];
+    if (Shared)
+      for (int b = 0; b < 4; ++b) kv[b] = _mm256_loadu_ps(kh[0] + c * 32 + 8 * b);
+    for (int i = 0; i < H; ++i) {
+      const __m256 qv = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(q[i] + 4 * c));
+      for (int b = 0; b < 4; ++b)
+        acc[i][b] = _mm256_fmadd_ps(qv, Shared ? kv[b] : _mm256_loadu_ps(kh[i] + c * 32 + 8 * b), acc[i][b]);
+    }
+  }
+  // acc[i][b]: key 2b's four lanes, then key 2b + 1's. Three horizontal adds leave keys
+  // 0, 2, 4, 6 in the low half and 1, 3, 5, 7 in the high half, each (l0 + l1) + (l2 + l3);
+  // the permutation puts key t in lane t.
+  const __m256i to_keys = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int i = 0; i < H; ++i) {
+    const __m256 x = _mm256_hadd_ps(acc[i][0], acc[i][1]), y = _mm256_hadd_ps(acc[i][2], acc[i][3]);
+    const __m256 r = _mm256_permutevar8x32_ps(_mm256_hadd_ps(x, y), to_keys);
+    _mm256_storeu_ps(j.scores + size_t(h + i) * ld + t0, _mm256_mul_ps(r, _mm256_set1_ps(j.scale)));
+  }
+}
+
+// Weights e^(s - m) in place for heads h .. h + G and their sums: the maximum over the real
+// keys (exact in any order), then eight lanes of partial sums in key order, added by one fixed
+// tree. Each head's operations are the same whatever G is.
+template <int G>
+[[gnu::always_inline]] inline void weights(const PartialJob& j, int h, size_t ld) {
+  const size_t full = j.count / 8 * 8;
+  const __m256 tail = _mm256_castsi256_ps(
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(int(j.count - full)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+  float* s[G];
+  __m256 vm[G], vl[G];
+  for (int i = 0; i < G; ++i) {
+    s[i] = j.scores + size_t(h + i) * ld;
+    vm[i] = _mm256_set1_ps(-INFINITY);
+    vl[i] = _mm256_setzero_ps();
+  }
+  for (size_t t = 0; t < full; t += 8)
+    for (int i = 0; i < G; ++i) vm[i] = _mm256_max_ps(vm[i], _mm256_loadu_ps(s[i] + t));
+  for (int i = 0; i < G; ++i) {
+    if (full < j.count)
+      vm[i] = _mm256_max_ps(vm[i], _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(s[i] + full), tail));
+    j.m[h + i] = avx2::hmax(vm[i]);
+    vm[i] = _mm256_set1_ps(j.m[h + i]);
+  }
+  for (size_t t = 0; t < full; t += 8)
+    for (int i = 0; i < G; ++i) {
+      const __m256 w = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s[i] + t), vm[i]));
+      _mm256_storeu_ps(s[i] + t, w);
+      vl[i] = _mm256_add_ps(vl[i], w);
+    }
+  for (int i = 0; i < G; ++i) {
+    if (full < j.count) {
+      // Padding lanes get weight 0 (they are never summed into an output).
+      const __m256 w = _mm256_and_ps(tail, exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s[i] + full), vm[i])));
+      _mm256_storeu_ps(s[i] + full, w);
+      vl[i] = _mm256_add_ps(vl[i], w);
+    }
+    j.l[h + i] = avx2::hsum(vl[i]);
+  }
+}
+
+// For heads h0 .. h0 + H (one KV head): o_h[o0 .. o0 + 8 N) = the sum over keys t in index
+// order of w_h[t] * v_t[off .. off + 8 N).
+// LD: the score rows' stride when it is the usual one (kScoreRows), which leaves the heads'
+// weights one register and constant offsets away; 0: read it from `ld`.
+// Every kAskEvery keys it asks for `per` lines of the next partial's rows.
+template <int N, int H, class E, size_t LD>
+inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size_t o0, NextRows& next, size_t per) {
+  const size_t ld = LD > 0 ? LD : ld_;
+  const size_t row_bytes = E::bytes(j.kv->row_stride);
+  __m256 acc[H][N];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm256_setzero_ps();
+  const float* w = j.scores + size_t(h0) * ld;
+  for (size_t t = 0; t < j.count; ++t) {
+    if (t % kAskEvery == 0) next.ask(per);
+    const typename E::Ptr v = E::at(j.kv->v, row_bytes, j.cells[t], off);
+    __m256 vv[N];
+    for (int c = 0; c < N; ++c) vv[c] = E::load8(v, c);
+    const float* wt = w + t;
+    // With LD constant, the H weights are wt plus constant offsets; hiding how wt was computed
+    // keeps the compiler from giving each head its own pointer (eight live pointers leave too
+    // few registers for the loop).
+    if (LD > 0) asm("" : "+r"(wt));
+    for (int i = 0; i < H; ++i) {
+      const __m256 wv = _mm256_broadcast_ss(wt + size_t(i) * ld);
+      for (int c = 0; c < N; ++c) acc[i][c] = _mm256_fmadd_ps(wv, vv[c], acc[i][c]);
+    }
+  }
+  for (int i = 0; i < H; ++i)
+    for (int c = 0; c < N; ++c) _mm256_storeu_ps(j.o + size_t(h0 + i) * j.head_dim + o0 + 8 * c, acc[i][c]);
+}
+
+// How many heads from h on read one KV head (the same rows), taken together by the values
+// pass: 8, 4, 2 or 1.
+inline int kv_run(const PartialJob& j, int h) {
+  int run = 1;
+  while (h + run < j.n_q && run < 8 && j.head_off[h + run] == j.head_off[h]) ++run;
+  return run >= 8 ? 8 : run >= 4 ? 4 : run >= 2 ? 2 : 1;
+}
+
+// How many registers of 8 values of a row one values pass covers for a run of `heads`: the
+// outputs fill eight registers (fewer when the head is shorter), and a pass covers a whole
+// number of them.
+inline int value_regs(int heads, int nd) {
+  for (int n = 8 / heads < 4 ? 8 / heads : 4; n > 1; n /= 2)
+    if (nd % n == 0) return n;
+  return 1;
+}
+
+// One values pass of H heads over n registers of values (value_regs).
+template <int H, class E, size_t LD>
+inline void values_pass(const PartialJob& j, int h, int n, size_t ld, size_t off, size_t at, NextRows& next,
+                        size_t per) {
+  if constexpr (H <= 2)
+    if (n == 4) return accumulate<4, H, E, LD>(j, h, ld, off, at, next, per);
+  if constexpr (H <= 4)
+    if (n == 2) return accumulate<2, H, E, LD>(j, h, ld, off, at, next, per);
+  accumulate<1, H, E, LD>(j, h, ld, off, at, next, per);
+}
+
+// The partial over rows stored as E (F32Rows, F16Rows or Q8Rows).
 template <class E>
 void partial(const PartialJob& j) {
-  const int D = j.head_dim;
-  const size_t ld = (j.count + 7) / 8 * 8;
-  const size_t stride = j.kv->row_stride;
-  const E* keys = static_cast<const E*>(j.kv->k);
-  const E* values = static_cast<const E*>(j.kv->v);
+  const int D = j.head_dim;  // a multiple of 8 (see flash_decode.cpp)
+  const int nd = D / 8;
+  const size_t ld = score_stride(j.count);
 
-  for (size_t t = 0; t < j.count; ++t) {
-    const E* krow = keys + size_t(j.cells[t]) * stride + j.kv_off;
-    for (int h = 0; h < j.n_q; ++h)
-      j.scores[h * ld + t] = dot(j.q + size_t(h) * D, krow + j.head_off[h], D) * j.scale;
+  // The part of a row this job reads: values [lo, hi) after kv_off.
+  const size_t lo = j.span_lo, hi = j.span_hi;
+  const size_t row_bytes = E::bytes(j.kv->row_stride);
+
+  // The next partial's rows: half asked for in shares at each head step of the scores and each
+  // head of the softmax, half every kAskEvery keys of each pass of the values.
+  NextRows next{{static_cast<const char*>(j.kv->k), static_cast<const char*>(j.kv->v)},
+                j.next_cells,
+                j.next_count,
+                row_bytes,
+                E::bytes(lo + j.kv_off),
+                E::bytes(hi + j.kv_off)};
+  const size_t steps = size_t(j.n_q / 2 + j.n_q % 2);
+  const size_t asks = (j.count + 7) / 8 * steps + size_t(j.n_q);
+  const size_t quota = (next.total() / 2 + asks - 1) / asks;
+  size_t value_asks = 0;  // accumulate calls (one per head run and 8 N values) times their asks
+  for (int h = 0, H; h < j.n_q; h += H) {
+    H = kv_run(j, h);
+    value_asks += size_t(nd / value_regs(H, nd)) * ((j.count + kAskEvery - 1) / kAskEvery);
+  }
+  const size_t value_quota = (next.total() - next.total() / 2 + value_asks - 1) / value_asks;
+
+  // Scores, block by block, two heads at a time (sharing the block's loads when they read one
+  // KV head), each step asking for its share of the next partial's rows.
+  for (size_t t0 = 0; t0 < j.count; t0 += 8) {
+    key_block<E>(j, t0, j.kv_off + lo, hi - lo, j.key_block);
+    int h = 0;
+    for (; h + 2 <= j.n_q; h += 2) {
+      next.ask(quota);
+      if (j.head_off[h] == j.head_off[h + 1]) scores_block<2, true>(j, h, j.key_block, lo, t0, ld);
+      else scores_block<2, false>(j, h, j.key_block, lo, t0, ld);
+    }
+    if (h < j.n_q) {
+      next.ask(quota);
+      scores_block<1, false>(j, h, j.key_block, lo, t0, ld);
+    }
   }
 
-  for (int h = 0; h < j.n_q; ++h) {
-    float* s = j.scores + h * ld;
-    const float m = *std::max_element(s, s + j.count);
-    std::fill(s + j.count, s + ld, m);  // padding: weights that are never summed
-    const __m256 vm = _mm256_set1_ps(m);
-    for (size_t t = 0; t < ld; t += 8) _mm256_storeu_ps(s + t, exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + t), vm)));
-    float l = 0;
-    for (size_t t = 0; t < j.count; ++t) l += s[t];
-    j.m[h] = m;
-    j.l[h] = l;
+  // Weights e^(s - m) in place and their sum, four heads at a time (their chains interleave).
+  int h = 0;
+  for (; h + 4 <= j.n_q; h += 4) {
+    weights<4>(j, h, ld);
+    next.ask(4 * quota);
+  }
+  for (; h < j.n_q; ++h) {
+    weights<1>(j, h, ld);
+    next.ask(quota);
   }
 
-  // Four keys per pass over the accumulators; each element still sums keys in index order.
-  std::fill(j.o, j.o + size_t(j.n_q) * D, 0.0f);
-  constexpr int U = 4;
-  size_t t = 0;
-  for (; t + U <= j.count; t += U) {
-    const E* vrow[U];
-    for (int u = 0; u < U; ++u) vrow[u] = values + size_t(j.cells[t + u]) * stride + j.kv_off;
-    for (int h = 0; h < j.n_q; ++h) {
-      const size_t off = j.head_off[h];
-      const E* v[U];
-      float w[U];
-      for (int u = 0; u < U; ++u) {
-        v[u] = vrow[u] + off;
-        w[u] = j.scores[h * ld + t + u];
+  // Values: up to eight heads of one KV head at a time, their outputs in registers while the
+  // keys pass in index order (each value row loaded and widened once for all of them).
+  auto values = [&]<size_t LD>() {
+    for (int h = 0; h < j.n_q;) {
+      const size_t off = j.kv_off + j.head_off[h];
+      const int H = kv_run(j, h), n = value_regs(H, nd);
+      for (int c = 0; c < nd; c += n) {
+        const size_t at = 8 * size_t(c);
+        if (H == 8) values_pass<8, E, LD>(j, h, n, ld, off + at, at, next, value_quota);
+        else if (H == 4) values_pass<4, E, LD>(j, h, n, ld, off + at, at, next, value_quota);
+        else if (H == 2) values_pass<2, E, LD>(j, h, n, ld, off + at, at, next, value_quota);
+        else values_pass<1, E, LD>(j, h, n, ld, off + at, at, next, value_quota);
       }
-      accumulate<U>(j.o + size_t(h) * D, w, v, D);
+      h += H;
     }
-  }
-  for (; t < j.count; ++t) {
-    const E* vrow = values + size_t(j.cells[t]) * stride + j.kv_off;
-    for (int h = 0; h < j.n_q; ++h) {
-      const E* v[1] = {vrow + j.head_off[h]};
-      const float w[1] = {j.scores[h * ld + t]};
-      accumulate<1>(j.o + size_t(h) * D, w, v, D);
-    }
-  }
+  };
+  if (ld == kScoreRows) values.template operator()<kScoreRows>();
+  else values.template operator()<0>();
+  next.ask(next.total());
 }
 
 }  // namespace
 
 void flash_partial_avx2(const PartialJob& j) {
-  if (j.kv->type == DType::F16) partial<uint16_t>(j);
-  else partial<float>(j);
+  if (j.kv->type == DType::F16) partial<F16Rows>(j);
+  else if (j.kv->type == DType::Q8_0) partial<Q8Rows>(j);
+  else partial<F32Rows>(j);
 }
 
 }  // namespace specmesh::detail

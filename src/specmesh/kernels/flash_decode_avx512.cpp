@@ -39,6 +39,7 @@
 #include <cmath>
 
 #include "specmesh/kernels/flash_decode.hpp"
+#include "specmesh/kernels/flash_next_rows.hpp"
 
 namespace specmesh::detail {
 
@@ -108,30 +109,6 @@ struct Q8Rows {
 // How many keys ahead the values pass asks for value rows: rows a cell list names are not
 // where the hardware prefetcher looks (in a large model each row is its own 4 KiB page).
 constexpr size_t kAhead = 16;
-// How many keys of the values pass go by between its asks for the next partial's rows.
-constexpr size_t kAskEvery = 4;
-
-// The rows the thread reads after this partial (PartialJob::next): the bytes [lo, hi) of each
-// key row, then of each value row, asked for to L2 a few cache lines per call.
-struct NextRows {
-  const char* base[2];  // key rows, value rows
-  const int32_t* cells;
-  size_t count, row_bytes, lo, hi;
-  int which = 0;     // 0: key rows, 1: value rows, 2: done
-  size_t row = 0;    // the next row's index into cells
-  size_t at = 0;     // the next line's byte offset within it
-  size_t total() const { return 2 * count * ((hi - lo + 63) / 64); }
-  void ask(size_t lines) {
-    if (count == 0) return;
-    for (; lines > 0 && which < 2; --lines) {
-      _mm_prefetch(base[which] + size_t(cells[row]) * row_bytes + lo + at, _MM_HINT_T1);
-      if ((at += 64) < hi - lo) continue;
-      at = 0;
-      if (++row == count) row = 0, ++which;
-    }
-  }
-};
-
 // For heads h0 .. h0 + H (one KV head): o_h[o0 .. o0 + 16 N) = the sum over keys t in index
 // order of w_h[t] * v_t[off .. off + 16 N).
 // LD: the score rows' stride when it is the usual one (kScoreRows), which leaves the eight
