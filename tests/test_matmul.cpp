@@ -76,11 +76,12 @@ std::vector<float> activations(size_t n_tokens, size_t cols, uint32_t seed) {
 // packed Q8_0 / Q4_0 weights then add one block at a time, cols/32 additions.)
 // A factor 2 covers the product roundings and second-order terms.
 //
-// For Q8_0/Q4_0 weights, and packed Q4_K / Q6_K on the AVX-512 path, the activations are
-// quantised per 32-block to d*q with d = amax/127, |x - d*q| <= d/2, adding
-// sum_b (d_b/2) * sum_{i in b} |w_i|.
+// For Q8_0/Q4_0 weights, packed Q4_K / Q6_K on the AVX-512 path and Q4_K on every SIMD path,
+// the activations are quantised per 32-block to d*q with d = amax/127, |x - d*q| <= d/2,
+// adding sum_b (d_b/2) * sum_{i in b} |w_i|.
 bool quantizes_activations(const Matrix& m) {
-  return is_int_dot(m.type) || (m.packed && std::string(matmul_isa()) == "avx512");
+  const std::string isa = matmul_isa();
+  return is_int_dot(m.type) || (m.packed && isa == "avx512") || (m.type == DType::Q4_K && isa != "scalar");
 }
 
 // BF16 weights on AVX-512 BF16 meet activations rounded to bf16 (8 significant bits, to
@@ -220,7 +221,7 @@ TEST_F(MatmulTest, SimdPathsAgreeWithScalar) {
     for (size_t tok = 0; tok < n; ++tok) {
       for (size_t r = 0; r < rows; ++r) {
         // Where both paths quantise activations (identically), only summation order differs:
-        // the float-summation part of the tolerance, for each path. Packed Q4_K on AVX-512
+        // the float-summation part of the tolerance, for each path. Q4_K on the SIMD paths
         // quantises them and the portable path does not: the whole tolerance.
         const float* xt = x.data() + tok * cols;
         double abs_sum = 0;

@@ -260,17 +260,21 @@ void matmul_rows(const WeightView& w, size_t row_begin, size_t row_end, const fl
   const bool packed = isa == Isa::Avx512 && w.packed != nullptr && PackedWeights::packable(w.type);
   const size_t nb = w.cols / QK8_0;
 #ifdef SPECMESH_HAVE_AVX2_TU
-  if (packed) {
-    // Quantised straight into the packed kernels' blocks, with each block's integer sum
+  // Q4_K rows read in place by matmul_avx2.cpp's integer tiles take the same blocks.
+  const bool q4_K_rows = !packed && isa != Isa::Scalar && w.type == DType::Q4_K;
+  if (packed || q4_K_rows) {
+    // Quantised straight into the integer kernels' blocks, with each block's integer sum
     // starting at -offset * sum(q) and a min's term d * sum(q).
     const int32_t offset = w.type == DType::Q8_0 ? 128 : w.type == DType::Q4_0 ? 8 : 0;
     thread_local std::vector<ActBlk> blocks;
     blocks.resize(n_tokens * nb);
     for (size_t t = 0; t < n_tokens; ++t) quantize_act_blocks_avx2(x + t * w.cols, w.cols, offset, &blocks[t * nb]);
     p.xb = blocks.data();
-    p.wp = static_cast<const uint8_t*>(w.packed);
-    p.row0 = row_begin;
-    p.panel_bytes = PackedWeights::panel_bytes(w.type, w.cols);
+    if (packed) {
+      p.wp = static_cast<const uint8_t*>(w.packed);
+      p.row0 = row_begin;
+      p.panel_bytes = PackedWeights::panel_bytes(w.type, w.cols);
+    }
   } else
 #endif
   if (w.type == DType::Q8_0 || w.type == DType::Q4_0) {

@@ -152,6 +152,84 @@ void tile_q4_0(const Problem& p, size_t r, size_t t) {
   store<R, T>(p, r, t, acc);
 }
 
+// --- Q4_K weights x Q8 activation blocks -------------------------------------------------
+// A super-block's sub-block k of 32 meets activation block 8 sb + k. Its nibbles q (unsigned,
+// so maddubs needs no sign trick) give sum q * x_q exact in 32 bits, scaled once:
+//   acc += float(sum q x_q) * ((d sc_k) * d_x)
+// and the mins' term, lane k of a second accumulator (ActBlk::dsum = d_x sum x_q):
+//   macc += (dmin m_k) * dsum_k;   y = hsum(acc) - hsum(macc).
+// Against dequantising to floats and multiplying by float activations, this is about a third
+// of the operations per weight. The eight 6-bit scales and mins come out of their 12 bytes by
+// word masks and shifts (as ggml unpacks them), not one at a time.
+
+// Scales d sc_k and mins dmin m_k (exact in f32) of a super-block, lane k each.
+inline void q4_K_scales(const block_q4_K& b, __m256& a, __m256& m) {
+  uint32_t u[4];
+  std::memcpy(u, b.scales, 12);
+  // Bytes 0..7: sc_0..7; bytes 8..15: m_0..7 (q4_K_scale_min's rule, four at a time).
+  u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+  const uint32_t mins_0_3 = u[1] & 0x3f3f3f3fu;
+  u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+  u[2] = mins_0_3;
+  u[0] &= 0x3f3f3f3fu;
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+  a = _mm256_mul_ps(_mm256_set1_ps(half(b.d)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)));
+  m = _mm256_mul_ps(_mm256_set1_ps(half(b.dmin)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))));
+}
+
+template <int R, int T>
+void tile_q4_K(const Problem& p, size_t r, size_t t) {
+  const size_t nsb = p.cols / QK_K, nb = p.cols / QK8_0;
+  const block_q4_K* w[R];
+  const ActBlk* x[T];
+  for (int i = 0; i < R; ++i) w[i] = reinterpret_cast<const block_q4_K*>(p.w + (r + i) * p.w_stride);
+  for (int j = 0; j < T; ++j) x[j] = p.xb + (t + j) * nb;
+  const uint8_t* next = p.w + (r + R) * p.w_stride;
+  __m256 acc[R][T], macc[R][T];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < T; ++j) acc[i][j] = macc[i][j] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  for (size_t sb = 0; sb < nsb; ++sb) {
+    ask_ahead<R>(next, p.w_stride, sb * sizeof(block_q4_K), sizeof(block_q4_K));
+    __m256 dsum[T];
+    for (int j = 0; j < T; ++j) {
+      const ActBlk* xs = x[j] + sb * 8;
+      dsum[j] = _mm256_setr_ps(xs[0].dsum, xs[1].dsum, xs[2].dsum, xs[3].dsum, xs[4].dsum, xs[5].dsum, xs[6].dsum,
+                               xs[7].dsum);
+    }
+    alignas(32) float a[R][8];
+    for (int i = 0; i < R; ++i) {
+      __m256 av, mv;
+      q4_K_scales(w[i][sb], av, mv);
+      _mm256_store_ps(a[i], av);
+      for (int j = 0; j < T; ++j) macc[i][j] = _mm256_fmadd_ps(mv, dsum[j], macc[i][j]);
+    }
+    for (int k = 0; k < 8; ++k) {
+      const size_t xb = sb * 8 + size_t(k);
+      // Sub-block k: the low nibbles of bytes 32 (k / 2) .. + 32 for even k, the high ones for odd.
+      __m256i wq[R];
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i][sb].qs + 32 * (k / 2)));
+        wq[i] = _mm256_and_si256(k % 2 == 0 ? raw : _mm256_srli_epi16(raw, 4), low4);
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < T; ++j) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[j][xb].q.qs));
+        const float xd = x[j][xb].q.d;
+#pragma GCC unroll 4
+        for (int i = 0; i < R; ++i) {
+          const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(wq[i], xv), ones));
+          acc[i][j] = _mm256_fmadd_ps(s, _mm256_set1_ps(a[i][k] * xd), acc[i][j]);
+        }
+      }
+    }
+  }
+  for (int j = 0; j < T; ++j)
+    for (int i = 0; i < R; ++i) p.y[(t + j) * p.ldy + r + i] = hsum(acc[i][j]) - hsum(macc[i][j]);
+}
+
 // --- float-like weights (F32, F16, BF16) x F32 activations -------------------------------
 
 struct LoadF32 {
@@ -213,47 +291,12 @@ void tile_float(const Problem& p, size_t r, size_t t) {
   store<R, T>(p, r, t, acc);
 }
 
-// --- K-quants: dequantise a super-block to the stack, then FMA ---------------------------
-// Values equal dequantize_row's bit for bit. Q4_K's (d*sc) * level is exact (at most 11 +
-// 6 + 4 significant bits), so one fused multiply-subtract rounds exactly like dequantize_row's
-// multiply then subtract.
-
-inline void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
-  if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
-  } else {
-    sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
+// --- Q6_K: dequantise a super-block to the stack, then FMA -------------------------------
+// Values equal dequantize_row's bit for bit.
 
 inline __m256i load8_u8(const uint8_t* p) {
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }
-
-struct DequantQ4K {
-  static void run(const uint8_t* src, float* y) {
-    const auto* b = reinterpret_cast<const block_q4_K*>(src);
-    const float d = half(b->d), dmin = half(b->dmin);
-    const __m256i low4 = _mm256_set1_epi32(0x0F);
-    for (int c = 0; c < 4; ++c) {
-      int sc, m;
-      scale_min_k4(2 * c, b->scales, sc, m);
-      const __m256 d1 = _mm256_set1_ps(d * float(sc)), m1 = _mm256_set1_ps(dmin * float(m));
-      scale_min_k4(2 * c + 1, b->scales, sc, m);
-      const __m256 d2 = _mm256_set1_ps(d * float(sc)), m2 = _mm256_set1_ps(dmin * float(m));
-      const uint8_t* q = b->qs + 32 * c;
-      for (int l = 0; l < 32; l += 8) {
-        const __m256i v = load8_u8(q + l);
-        const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, low4));
-        const __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
-        _mm256_storeu_ps(y + 64 * c + l, _mm256_fmsub_ps(d1, lo, m1));
-        _mm256_storeu_ps(y + 64 * c + 32 + l, _mm256_fmsub_ps(d2, hi, m2));
-      }
-    }
-  }
-};
 
 struct DequantQ6K {
   static void run(const uint8_t* src, float* y) {
@@ -314,9 +357,6 @@ void tile_kquant(const Problem& p, size_t r, size_t t) {
 template <int R, int T> void tile_f32(const Problem& p, size_t r, size_t t) { tile_float<LoadF32, R, T>(p, r, t); }
 template <int R, int T> void tile_f16(const Problem& p, size_t r, size_t t) { tile_float<LoadF16, R, T>(p, r, t); }
 template <int R, int T> void tile_bf16(const Problem& p, size_t r, size_t t) { tile_float<LoadBF16, R, T>(p, r, t); }
-template <int R, int T> void tile_q4_K(const Problem& p, size_t r, size_t t) {
-  tile_kquant<DequantQ4K, sizeof(block_q4_K), R, T>(p, r, t);
-}
 template <int R, int T> void tile_q6_K(const Problem& p, size_t r, size_t t) {
   tile_kquant<DequantQ6K, sizeof(block_q6_K), R, T>(p, r, t);
 }
@@ -327,7 +367,7 @@ using TileTable = TileFn[kMaxR][kMaxT];
 #define SPECMESH_TILE_ROW(f, R) {f<R, 1>, f<R, 2>, f<R, 3>, f<R, 4>}
 #define SPECMESH_TILE_TABLE(f) \
   {SPECMESH_TILE_ROW(f, 1), SPECMESH_TILE_ROW(f, 2), SPECMESH_TILE_ROW(f, 3), SPECMESH_TILE_ROW(f, 4)}
-// K-quant tiles serve single tokens only: batches dequantise row blocks and use the F32 tiles.
+// Q6_K tiles serve single tokens only: batches dequantise row blocks and use the F32 tiles.
 #define SPECMESH_DECODE_TABLE(f) {{f<1, 1>}, {f<2, 1>}, {f<3, 1>}, {f<4, 1>}}
 
 constexpr TileTable kF32 = SPECMESH_TILE_TABLE(tile_f32);
@@ -335,7 +375,7 @@ constexpr TileTable kF16 = SPECMESH_TILE_TABLE(tile_f16);
 constexpr TileTable kBF16 = SPECMESH_TILE_TABLE(tile_bf16);
 constexpr TileTable kQ8_0 = SPECMESH_TILE_TABLE(tile_q8_0);
 constexpr TileTable kQ4_0 = SPECMESH_TILE_TABLE(tile_q4_0);
-constexpr TileTable kQ4_K = SPECMESH_DECODE_TABLE(tile_q4_K);
+constexpr TileTable kQ4_K = SPECMESH_TILE_TABLE(tile_q4_K);
 constexpr TileTable kQ6_K = SPECMESH_DECODE_TABLE(tile_q6_K);
 
 #undef SPECMESH_DECODE_TABLE
@@ -355,20 +395,12 @@ const TileTable& table_for(DType t) {
   return kF32;
 }
 
-// Dequantises rows [rb, re) of a K-quant matrix into buf (row-major f32, cols per row).
+// Dequantises rows [rb, re) of a Q6_K matrix into buf (row-major f32, cols per row).
 void dequant_rows(const Problem& p, size_t rb, size_t re, float* buf) {
-  const bool q4 = p.type == DType::Q4_K;
-  const size_t bb = q4 ? sizeof(block_q4_K) : sizeof(block_q6_K);
   for (size_t r = rb; r < re; ++r) {
     const uint8_t* row = p.w + r * p.w_stride;
     float* out = buf + (r - rb) * p.cols;
-    for (size_t sb = 0; sb < p.cols / QK_K; ++sb) {
-      if (q4) {
-        DequantQ4K::run(row + sb * bb, out + sb * QK_K);
-      } else {
-        DequantQ6K::run(row + sb * bb, out + sb * QK_K);
-      }
-    }
+    for (size_t sb = 0; sb < p.cols / QK_K; ++sb) DequantQ6K::run(row + sb * sizeof(block_q6_K), out + sb * QK_K);
   }
 }
 
@@ -383,13 +415,15 @@ void gemm_rows_avx2(const Problem& p, size_t r0, size_t r1) {
   // Row blocks stay in L1/L2 while every token of a token block passes over them; the token
   // block bounds the activations that must stay cached meanwhile.
   const size_t row_block = 8 * rm;
-  const size_t act_bytes = p.xq != nullptr ? p.cols / QK8_0 * sizeof(ActQ8) : p.cols * sizeof(float);
+  const size_t act_bytes = p.xq != nullptr   ? p.cols / QK8_0 * sizeof(ActQ8)
+                           : p.xb != nullptr ? p.cols / QK8_0 * sizeof(ActBlk)
+                                             : p.cols * sizeof(float);
   const size_t tok_block = std::max<size_t>(tm, (size_t(256) << 10) / std::max<size_t>(act_bytes, 1) / tm * tm);
 
-  // With several tokens, K-quant row blocks are dequantised once per token block and run
+  // With several tokens, Q6_K row blocks are dequantised once per token block and run
   // through the F32 tiles. Same values (same dequantiser) and the same FMA sequence over
   // the row as tile_kquant, so results stay bit-identical to single-token calls.
-  const bool kq_batch = p.n_tokens > 1 && (p.type == DType::Q4_K || p.type == DType::Q6_K);
+  const bool kq_batch = p.n_tokens > 1 && p.type == DType::Q6_K;
   thread_local std::vector<float> deq;
   Problem fp = p;
   if (kq_batch) {

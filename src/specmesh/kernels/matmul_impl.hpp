@@ -35,7 +35,7 @@ struct Problem {
   const uint8_t* wp;  // PackedWeights data (whole matrix), or nullptr
   size_t row0;        // the absolute row of `w`, for panels in `wp`
   size_t panel_bytes; // PackedWeights::panel_bytes
-  const ActBlk* xb;   // n_tokens x cols/32 activation blocks for `wp`
+  const ActBlk* xb;   // n_tokens x cols/32 activation blocks for `wp`, or for Q4_K rows (AVX2 tiles)
   const uint16_t* xh; // BF16 weights on AVX-512 BF16: the activations rounded to bf16, each
                       // token's padded with zeros to bf16_act_elems(cols); or nullptr
   size_t n_tokens;
