@@ -17,7 +17,7 @@
 // heads times one register of values, four times two, ...), so each value row is loaded and
 // widened once for all of them.
 //
-// Memory: as in the AVX-512 kernel (flash_next_rows.hpp), the rows of the partial this thread
+// Memory: as in the AVX-512 kernel (flash_simd_shared.hpp), the rows of the partial this thread
 // computes next are asked for between the multiply-adds, half during the scores and the
 // softmax, half during the values (at 16K keys from memory, 3.1-3.3 ms per layer with the asks,
 // 4.3-4.8 without, on an AMD Zen 3). Unlike the AVX-512 kernel, the values pass does not also
@@ -36,7 +36,7 @@
 
 #include "specmesh/kernels/avx2_reduce.hpp"
 #include "specmesh/kernels/flash_decode.hpp"
-#include "specmesh/kernels/flash_next_rows.hpp"
+#include "specmesh/kernels/flash_simd_shared.hpp"
 
 namespace specmesh::detail {
 
@@ -229,14 +229,6 @@ inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size
   }
   for (int i = 0; i < H; ++i)
     for (int c = 0; c < N; ++c) _mm256_storeu_ps(j.o + size_t(h0 + i) * j.head_dim + o0 + 8 * c, acc[i][c]);
-}
-
-// How many heads from h on read one KV head (the same rows), taken together by the values
-// pass: 8, 4, 2 or 1.
-inline int kv_run(const PartialJob& j, int h) {
-  int run = 1;
-  while (h + run < j.n_q && run < 8 && j.head_off[h + run] == j.head_off[h]) ++run;
-  return run >= 8 ? 8 : run >= 4 ? 4 : run >= 2 ? 2 : 1;
 }
 
 // How many registers of 8 values of a row one values pass covers for a run of `heads`: the

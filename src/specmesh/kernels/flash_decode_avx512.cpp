@@ -39,7 +39,7 @@
 #include <cmath>
 
 #include "specmesh/kernels/flash_decode.hpp"
-#include "specmesh/kernels/flash_next_rows.hpp"
+#include "specmesh/kernels/flash_simd_shared.hpp"
 
 namespace specmesh::detail {
 
@@ -374,13 +374,6 @@ template <int H>
                      _mm512_mul_ps(_mm512_permutexvar_ps(to_keys, s[i]), _mm512_set1_ps(j.scale)));
 }
 
-// How many heads from h on read one KV head (the same rows), taken together by the 8-bit
-// scores and by the values pass: 8, 4, 2 or 1.
-inline int kv_run(const PartialJob& j, int h) {
-  int run = 1;
-  while (h + run < j.n_q && run < 8 && j.head_off[h + run] == j.head_off[h]) ++run;
-  return run >= 8 ? 8 : run >= 4 ? 4 : run >= 2 ? 2 : 1;
-}
 // How many registers of 16 values of a row one values pass covers for a run of `heads` (their
 // outputs stay in registers: 8 x 2 or at most 4 x 4).
 constexpr int value_regs(int heads) { return heads == 8 ? 2 : 4; }

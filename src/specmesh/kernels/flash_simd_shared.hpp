@@ -1,5 +1,6 @@
-// The flash-decode kernels' requests for the rows a thread reads after its current partial
-// (PartialJob::next), spread between the partial's multiply-adds. Included by the SIMD
+// What the SIMD flash-decode kernels (flash_decode_avx2.cpp, flash_decode_avx512.cpp) share:
+// the requests for the rows a thread reads after its current partial (PartialJob::next), spread
+// between the partial's multiply-adds, and how heads group by KV head. Included by those
 // translation units only. Everything here has internal linkage (an anonymous namespace), so each
 // kernel file gets its own copy compiled with its own flags: a shared inline function would be
 // merged at link time, and a copy built for AVX-512 could then serve the AVX2 path.
@@ -9,6 +10,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include "specmesh/kernels/flash_decode.hpp"
 
 namespace specmesh::detail {
 namespace {
@@ -36,6 +39,14 @@ struct NextRows {
     }
   }
 };
+
+// How many heads from h on read one KV head (the same rows), taken together by the values pass
+// (and by the AVX-512 kernel's 8-bit scores): 8, 4, 2 or 1.
+inline int kv_run(const PartialJob& j, int h) {
+  int run = 1;
+  while (h + run < j.n_q && run < 8 && j.head_off[h + run] == j.head_off[h]) ++run;
+  return run >= 8 ? 8 : run >= 4 ? 4 : run >= 2 ? 2 : 1;
+}
 
 }  // namespace
 }  // namespace specmesh::detail
