@@ -448,9 +448,9 @@ Stored store(Problem& p, DType type) {
 bool int8_scores(const std::string& isa, const HeadShape& hs) { return isa == "avx512" && hs.head_dim % 64 == 0; }
 
 // Rows stored as F16 or Q8_0 give, on every path and thread count, the bits the same kernel
-// gives F32 rows holding their widened values (the SIMD paths read F16 in place and Q8_0
-// widened first; the portable one widens both), and the widening is what kv_load gives. The
-// exception, Q8_0 keys scored in 8 bits, has its own test below.
+// gives F32 rows holding their widened values (every path reads them in place, widening as it
+// goes), and the widening is what kv_load gives. The exception, Q8_0 keys scored in 8 bits, has
+// its own test below.
 TEST_F(FlashDecodeTest, StoredTypesReadAsTheirWidenedValues) {
   ThreadPool two(2);
   for (const std::string& isa : isas()) {

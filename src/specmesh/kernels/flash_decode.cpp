@@ -27,17 +27,22 @@ float dot_scalar(const float* a, const float* b, int n) {
   return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
-// Reads F32 rows only: flash_partial widens other types first.
+// Reads every stored type: each key's and value's span of the row is widened in turn into a
+// buffer of one row (F16 exactly, Q8_0 as d * q, as kv_load does), so the result is what the
+// same sums over F32 rows of the widened values give, and no copy of the job's rows is made.
 void partial_scalar(const detail::PartialJob& j) {
   const int D = j.head_dim;
   const size_t ld = round_up(j.count, 8);
-  const auto* keys = static_cast<const float*>(j.kv->k);
-  const auto* values = static_cast<const float*>(j.kv->v);
-  const size_t stride = j.kv->row_stride;
+  const size_t lo = j.span_lo, width = j.span_hi - j.span_lo;
+  const auto* keys = static_cast<const uint8_t*>(j.kv->k);
+  const auto* values = static_cast<const uint8_t*>(j.kv->v);
+  const size_t row_bytes = j.kv->row_bytes();
+  thread_local std::vector<float> row;
+  row.resize(width);
   for (size_t t = 0; t < j.count; ++t) {
-    const float* krow = keys + size_t(j.cells[t]) * stride + j.kv_off;
+    kv_load(j.kv->type, keys + size_t(j.cells[t]) * row_bytes, j.kv_off + lo, width, row.data());
     for (int h = 0; h < j.n_q; ++h)
-      j.scores[h * ld + t] = dot_scalar(j.q + size_t(h) * D, krow + j.head_off[h], D) * j.scale;
+      j.scores[h * ld + t] = dot_scalar(j.q + size_t(h) * D, row.data() + (j.head_off[h] - lo), D) * j.scale;
   }
   for (int h = 0; h < j.n_q; ++h) {
     float* s = j.scores + h * ld;
@@ -52,52 +57,14 @@ void partial_scalar(const detail::PartialJob& j) {
   }
   std::fill(j.o, j.o + size_t(j.n_q) * D, 0.0f);
   for (size_t t = 0; t < j.count; ++t) {
-    const float* vrow = values + size_t(j.cells[t]) * stride + j.kv_off;
+    kv_load(j.kv->type, values + size_t(j.cells[t]) * row_bytes, j.kv_off + lo, width, row.data());
     for (int h = 0; h < j.n_q; ++h) {
       const float w = j.scores[h * ld + t];
-      const float* v = vrow + j.head_off[h];
+      const float* v = row.data() + (j.head_off[h] - lo);
       float* o = j.o + size_t(h) * D;
       for (int d = 0; d < D; ++d) o[d] += w * v[d];
     }
   }
-}
-
-// The job's part of its rows, widened to F32 in `buf` (rows 0..count, cells renumbered), for a
-// path that cannot read the stored type itself. Widening is exact for F16 and one rounding
-// (d * q) for Q8_0, the same on every path, so the result is what reading in place would give.
-struct WidenedRows {
-  std::vector<float> k, v;
-  std::vector<int32_t> cells;
-  std::vector<size_t> head_off;
-  KvRows rows{};
-};
-
-detail::PartialJob widened(const detail::PartialJob& j, WidenedRows& buf) {
-  const size_t lo = j.span_lo, width = j.span_hi - j.span_lo;
-  buf.k.resize(j.count * width);
-  buf.v.resize(j.count * width);
-  buf.cells.resize(j.count);
-  const size_t row_bytes = j.kv->row_bytes();
-  const auto* keys = static_cast<const uint8_t*>(j.kv->k);
-  const auto* values = static_cast<const uint8_t*>(j.kv->v);
-  for (size_t t = 0; t < j.count; ++t) {
-    const size_t row = size_t(j.cells[t]) * row_bytes;
-    kv_load(j.kv->type, keys + row, j.kv_off + lo, width, buf.k.data() + t * width);
-    kv_load(j.kv->type, values + row, j.kv_off + lo, width, buf.v.data() + t * width);
-    buf.cells[t] = int32_t(t);
-  }
-  buf.rows = KvRows{buf.k.data(), buf.v.data(), width, DType::F32, 0};
-  detail::PartialJob w = j;
-  w.kv = &buf.rows;
-  w.kv_off = 0;
-  buf.head_off.assign(j.head_off, j.head_off + j.n_q);
-  for (size_t& off : buf.head_off) off -= lo;
-  w.head_off = buf.head_off.data();
-  w.span_lo = 0;
-  w.span_hi = width;
-  w.cells = buf.cells.data();
-  w.next_count = 0;  // the next cells name rows of the stored cache, not of buf
-  return w;
 }
 
 // A thread's scratch of at least n floats, 64-byte aligned so that whole-register loads never
@@ -288,14 +255,13 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
                                cells, count, o, m, l,
                                scratch(scores, size_t(n_q) * detail::score_stride(count)),
                                scratch(key_block, 16 * (span_hi - span_lo)), next, next_count};
-  thread_local WidenedRows wide;
 #ifdef SPECMESH_HAVE_AVX2_TU
   // The SIMD kernels read F32 and F16 in place, Q8_0 too when each head's values start a block
   // (head offsets are multiples of D, itself a multiple of 64 for the AVX-512 kernel).
   const bool simd_reads = kv.type == DType::F32 || kv.type == DType::F16;
   if (D % 64 == 0 && matmul_isa_has_avx512()) {
     const bool q8_in_place = kv.type == DType::Q8_0 && job.kv_off % QK8_0 == 0;
-    if (!q8_in_place) return detail::flash_partial_avx512(simd_reads ? job : widened(job, wide));
+    if (!q8_in_place) return simd_reads ? detail::flash_partial_avx512(job) : partial_scalar(job);
     // The partials of one call share their queries (named by `queries`): a thread quantises
     // them for the first it computes and reuses them for the next ones. The scratch's size
     // depends only on the queries' count, so it holds them until a partial of another name.
@@ -309,10 +275,10 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
   }
   if (use_avx2() && D % 8 == 0) {
     const bool q8_in_place = kv.type == DType::Q8_0 && job.kv_off % QK8_0 == 0 && D % QK8_0 == 0;
-    return detail::flash_partial_avx2(simd_reads || q8_in_place ? job : widened(job, wide));
+    return simd_reads || q8_in_place ? detail::flash_partial_avx2(job) : partial_scalar(job);
   }
 #endif
-  partial_scalar(kv.type == DType::F32 ? job : widened(job, wide));
+  partial_scalar(job);
 }
 
 void flash_combine(const FlashPartials& p, size_t s0, size_t s1, int h, float* o, float& m, float& l) {

@@ -145,9 +145,9 @@ SpecCheck speculative_flash_decode(const float* q, const HeadShape& hs, float sc
 
 namespace detail {
 
-// One partial computation; shared by the portable and the SIMD translation units. The SIMD
-// kernels read F32, F16 and Q8_0 rows; other types reach them widened to F32
-// (flash_decode.cpp).
+// One partial computation; shared by the portable and the SIMD translation units. Every kernel
+// reads the rows in place: the SIMD ones F32, F16 and Q8_0 (block-aligned heads), the portable
+// one any type, which serves the rest (flash_decode.cpp).
 struct PartialJob {
   const float* q;
   int n_q;
