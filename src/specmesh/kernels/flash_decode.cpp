@@ -256,12 +256,12 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
                                scratch(scores, size_t(n_q) * detail::score_stride(count)),
                                scratch(key_block, 16 * (span_hi - span_lo)), next, next_count};
 #ifdef SPECMESH_HAVE_AVX2_TU
-  // The SIMD kernels read F32 and F16 in place, Q8_0 too when each head's values start a block
-  // (head offsets are multiples of D, itself a multiple of 64 for the AVX-512 kernel).
-  const bool simd_reads = kv.type == DType::F32 || kv.type == DType::F16;
-  if (D % 64 == 0 && matmul_isa_has_avx512()) {
-    const bool q8_in_place = kv.type == DType::Q8_0 && job.kv_off % QK8_0 == 0;
-    if (!q8_in_place) return simd_reads ? detail::flash_partial_avx512(job) : partial_scalar(job);
+  // The SIMD kernels read F32 and F16 in place, and Q8_0 when each head's values start a block
+  // (head offsets are multiples of D); the portable kernel reads everything else.
+  const bool q8_in_place = kv.type == DType::Q8_0 && job.kv_off % QK8_0 == 0 && D % QK8_0 == 0;
+  const bool simd_reads = kv.type == DType::F32 || kv.type == DType::F16 || q8_in_place;
+  if (simd_reads && D % 64 == 0 && matmul_isa_has_avx512()) {
+    if (!q8_in_place) return detail::flash_partial_avx512(job);
     // The partials of one call share their queries (named by `queries`): a thread quantises
     // them for the first it computes and reuses them for the next ones. The scratch's size
     // depends only on the queries' count, so it holds them until a partial of another name.
@@ -273,10 +273,7 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
     q8_of = queries;
     return detail::flash_partial_avx512(q8_job);
   }
-  if (use_avx2() && D % 8 == 0) {
-    const bool q8_in_place = kv.type == DType::Q8_0 && job.kv_off % QK8_0 == 0 && D % QK8_0 == 0;
-    return simd_reads || q8_in_place ? detail::flash_partial_avx2(job) : partial_scalar(job);
-  }
+  if (simd_reads && D % 8 == 0 && use_avx2()) return detail::flash_partial_avx2(job);
 #endif
   partial_scalar(job);
 }
