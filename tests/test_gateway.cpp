@@ -548,6 +548,68 @@ TEST(Gateway, DetectsFrozenPeerWhoseConnectionStaysUp) {
   EXPECT_TRUE(wait_until([&] { return g.peer_alive("raw"); }));
 }
 
+// libzmq 4.3.4 aborts the process (stream_engine_base.cpp:331, libzmq issue #4364) when a
+// connection whose input is stopped, because this side's receive queue is full, is closed by
+// the peer and a ZMTP heartbeat falls due before the queue drains. A stalled I/O thread and a
+// peer that floods then leaves is how that happened at the end of a run on a loaded machine.
+TEST(Gateway, SurvivesAPeerThatLeavesWhileItsQueueIsFull) {
+  System s;
+  auto eg = ipc_ep();
+  Gateway g(config("g", eg, {{"raw", ipc_ep()}, {"next", ipc_ep()}}));
+  std::atomic<int> handled{0};
+  // An inline handler that blocks stalls the I/O thread (as a starved thread would).
+  auto slow = s.sys->spawn([&handled](caf::event_based_actor*) -> caf::behavior {
+    return {[&handled](const std::string&, const Envelope&) {
+      if (handled++ == 0) std::this_thread::sleep_for(1500ms);
+    }};
+  });
+  g.subscribe(MsgType::kv_cache_op, slow, Delivery::inline_io);
+  constexpr int kFlood = 4000;  // well past the 1000-message receive queue
+  {
+    RawPeer raw("raw", eg);
+    raw.sock[0].set(zmq::sockopt::sndhwm, 0);
+    for (int i = 0; i < kFlood; ++i) raw.send_env(make_envelope(uint64_t(i), KvCacheOp{}), uint64_t(i));
+    std::this_thread::sleep_for(20ms);  // its queue reaches ours, which fills and stops
+  }  // leaves while the gateway is still stalled
+  ASSERT_TRUE(wait_until([&] { return handled.load() >= 1000; }, 10s)) << handled.load();
+  // Still serving: a new peer is heard.
+  RawPeer next("next", eg);
+  next.send_env(make_envelope(1, KvCacheOp{}), 0);
+  const int before = handled.load();
+  EXPECT_TRUE(wait_until([&] { return handled.load() > before; }, 5s));
+  g.unsubscribe(slow);
+  caf::anon_send_exit(slow, caf::exit_reason::user_shutdown);
+}
+
+// A gateway that falls behind a peer keeps the connection and everything sent over it, however
+// long it takes to catch up: nothing then comes out of order, twice, or from a stranger.
+TEST(Gateway, KeepsEveryMessageOfAPeerItFellBehind) {
+  System s;
+  auto eg = ipc_ep();
+  Gateway g(config("g", eg, {{"raw", ipc_ep()}}));
+  std::mutex mu;
+  std::vector<uint64_t> runs;
+  auto slow = s.sys->spawn([&](caf::event_based_actor*) -> caf::behavior {
+    return {[&](const std::string&, const Envelope& e) {
+      std::lock_guard<std::mutex> lk(mu);
+      runs.push_back(e.run_id);
+      if (runs.size() == 1) std::this_thread::sleep_for(1500ms);
+    }};
+  });
+  g.subscribe(MsgType::kv_cache_op, slow, Delivery::inline_io);
+  constexpr int kFlood = 4000;
+  RawPeer raw("raw", eg);
+  raw.sock[0].set(zmq::sockopt::sndhwm, 0);
+  for (int i = 0; i < kFlood; ++i) raw.send_env(make_envelope(uint64_t(i), KvCacheOp{}), uint64_t(i));
+  ASSERT_TRUE(wait_until([&] { std::lock_guard<std::mutex> lk(mu); return runs.size() >= kFlood; }, 20s));
+  std::lock_guard<std::mutex> lk(mu);
+  ASSERT_EQ(runs.size(), std::size_t(kFlood));
+  for (int i = 0; i < kFlood; ++i) ASSERT_EQ(runs[i], uint64_t(i));
+  EXPECT_EQ(g.stats().rejected_total(), 0u);
+  g.unsubscribe(slow);
+  caf::anon_send_exit(slow, caf::exit_reason::user_shutdown);
+}
+
 // A peer never heard from is given first_contact_timeout (not peer_timeout) to appear.
 TEST(Gateway, ReportsPeerThatNeverAppears) {
   System s;

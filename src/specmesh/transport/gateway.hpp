@@ -68,7 +68,7 @@ struct GatewayConfig {
   std::string node;                          // our name; also our ZeroMQ routing id (1..255 bytes)
   std::string bind;                          // our data endpoint (control endpoint is derived)
   std::map<std::string, std::string> peers;  // peer name -> its data endpoint
-  std::chrono::milliseconds heartbeat{100};     // application + ZMTP heartbeat interval
+  std::chrono::milliseconds heartbeat{100};     // application heartbeat interval
   std::chrono::milliseconds peer_timeout{300};  // silence after which a peer is reported down
   // How long a peer never heard from may take to appear before it is reported unreachable:
   // processes started together come up seconds apart on a loaded machine, and a peer that is

@@ -142,12 +142,29 @@ uint64_t random_session() {
   return s;
 }
 
+// No ZMTP heartbeats (ZMQ_HEARTBEAT_IVL). A connection whose input ZeroMQ stopped because our
+// receive queue is full cannot read the peer's answers to them, so they dropped it after the
+// heartbeat timeout, and the messages behind it with it: the peer, redialling, took a new
+// routing id. And libzmq 4.3.4, Debian bookworm's, aborts the process
+// (stream_engine_base.cpp:331, libzmq issue #4364) when the peer closes such a connection and
+// a heartbeat falls due before the queue drains: a peer that leaves while we are behind (the
+// Gateway tests *FellBehind and *LeavesWhileItsQueueIsFull show both). Liveness (liveness.hpp)
+// notices silent peers with its own heartbeats; a dead TCP connection, which only ZeroMQ can
+// redial, is dropped by the kernel instead: once nothing sent on it is acknowledged for
+// kDeadConnection (ZMQ_TCP_MAXRT, TCP_USER_TIMEOUT on Linux), or once keepalive probes on an
+// idle one go unanswered. That is far longer than peer_timeout: a peer is reported down long
+// before, and a congested link must not lose what it carries. A process that dies closes its
+// end at once (on tcp too); the tcp options do nothing on ipc and inproc sockets.
+constexpr std::chrono::seconds kDeadConnection{10};
+
 void set_common(zmq::socket_t& s, const GatewayConfig& cfg) {
   s.set(zmq::sockopt::ipv6, 1);  // dual stack, so [::1] works as well as 127.0.0.1
   s.set(zmq::sockopt::linger, static_cast<int>(cfg.linger.count()));
-  s.set(zmq::sockopt::heartbeat_ivl, static_cast<int>(cfg.heartbeat.count()));
-  s.set(zmq::sockopt::heartbeat_timeout, static_cast<int>(cfg.peer_timeout.count()));
-  s.set(zmq::sockopt::heartbeat_ttl, static_cast<int>(cfg.peer_timeout.count()));
+  s.set(zmq::sockopt::tcp_maxrt, static_cast<int>(std::chrono::milliseconds(kDeadConnection).count()));
+  s.set(zmq::sockopt::tcp_keepalive, 1);
+  s.set(zmq::sockopt::tcp_keepalive_idle, static_cast<int>(kDeadConnection.count()) / 2);
+  s.set(zmq::sockopt::tcp_keepalive_intvl, 1);
+  s.set(zmq::sockopt::tcp_keepalive_cnt, static_cast<int>(kDeadConnection.count()) / 2);
 }
 
 }  // namespace

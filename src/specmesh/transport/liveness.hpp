@@ -1,8 +1,8 @@
 // Whether the gateway's peers are there (private to transport/).
 //
-// ZMTP heartbeats (ZMQ_HEARTBEAT_IVL/TIMEOUT, set on every socket in link.cpp) drop dead
-// connections inside ZeroMQ, and application heartbeats on the control channel detect a peer
-// whose process is gone, frozen or whose gateway stopped serving. When a peer has been silent
+// Application heartbeats on the control channel detect a peer whose process is gone, frozen
+// or whose gateway stopped serving (the kernel drops dead TCP connections: see set_common in
+// link.cpp for why ZeroMQ's own heartbeats are off). When a peer has been silent
 // for peer_timeout, error subscribers receive an Error{code = peer_down, peer = name} envelope
 // (run_id 0) once; the peer counts as alive again when it is heard from. A peer never heard
 // from is reported the same way ("not reachable") first_contact_timeout after the gateway starts.
