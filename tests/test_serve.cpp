@@ -3,10 +3,12 @@
 // stops its generation in the pipeline; /health, /v1/models, /metrics and the page answer.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <future>
 #include <thread>
 
 #include "serve_harness.hpp"
+#include "specmesh/serve/heap_bytes.hpp"
 
 namespace specmesh::test {
 namespace {
@@ -378,11 +380,29 @@ TEST_F(Serve, ModelsHealthMetricsAndPage) {
   EXPECT_EQ(metric_value(e, "specmesh_inter_token_latency_seconds_count{strategy=\"ar\"}"), 1) << e;
   EXPECT_EQ(metric_value(e, "specmesh_acceptance_ratio{strategy=\"ar\"}"), 0) << e;
   EXPECT_NE(e.find("# TYPE specmesh_time_to_first_token_seconds histogram"), std::string::npos);
+  EXPECT_GT(metric_value(e, "specmesh_heap_allocated_bytes"), 0) << e;
 
   HttpReply page = http(srv.port(), "GET", "/");
   EXPECT_EQ(page.status, 200);
   EXPECT_EQ(page.content_type.rfind("text/html", 0), 0u);
   EXPECT_NE(page.body.find("/v1/chat/completions"), std::string::npos);
+}
+
+// What the allocator holds for the process: up by a block's size while it is allocated, down
+// again once it is freed.
+TEST(HeapBytes, FollowAnAllocationAndItsFree) {
+  const auto before = serve::heap_allocated_bytes();
+  ASSERT_TRUE(before);
+  constexpr std::size_t kBlock = std::size_t{8} << 20;
+  auto* block = static_cast<volatile char*>(std::malloc(kBlock));
+  ASSERT_NE(block, nullptr);
+  for (std::size_t i = 0; i < kBlock; i += 4096) block[i] = 1;
+  const auto during = serve::heap_allocated_bytes();
+  std::free(const_cast<char*>(block));
+  const auto after = serve::heap_allocated_bytes();
+  ASSERT_TRUE(during && after);
+  EXPECT_GE(*during, *before + kBlock);
+  EXPECT_LT(*after, *during - kBlock / 2);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "specmesh/serve/server_metrics.hpp"
 
+#include "specmesh/serve/heap_bytes.hpp"
+
 #include <cstdio>
 
 namespace specmesh::serve {
@@ -97,6 +99,10 @@ std::string ServerMetrics::exposition() const {
     out += "specmesh_http_errors_total{status=\"" + std::to_string(status) + "\"} " + std::to_string(n) + "\n";
   header(out, "specmesh_generations_in_flight", "gauge", "generations running or queued now");
   out += "specmesh_generations_in_flight " + std::to_string(in_flight_) + "\n";
+  if (auto heap = heap_allocated_bytes()) {
+    header(out, "specmesh_heap_allocated_bytes", "gauge", "bytes allocated on the heap and not yet freed");
+    out += "specmesh_heap_allocated_bytes " + std::to_string(*heap) + "\n";
+  }
   header(out, "specmesh_generations_total", "counter", "generations ended, by strategy and outcome");
   for (const auto& [key, n] : outcomes_)
     out += "specmesh_generations_total{strategy=\"" + label_value(key.first) + "\",outcome=\"" + label_value(key.second) +

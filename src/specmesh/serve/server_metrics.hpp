@@ -1,6 +1,6 @@
 // What the server has done, for GET /metrics in Prometheus' text format (version 0.0.4):
-// requests and errors by status, and the generations' tokens, latencies and acceptance,
-// aggregated from each GenerationResult's Metrics.
+// requests and errors by status, the generations' tokens, latencies and acceptance,
+// aggregated from each GenerationResult's Metrics, and the bytes allocated on the heap.
 #pragma once
 
 #include <array>
