@@ -172,8 +172,8 @@ test(`8 streaming clients for ${soakSeconds} s: mixed strategies, some leaving, 
   assert.equal(counts.mismatched, 0);
   assert.ok(counts.completed > 0 && counts.left > 0);
   // ... and the memory is back. The allocator's count is the exact one: what the soak left
-  // allocated (256 KiB allowed: objects parked in the allocator's per-thread caches count as
-  // allocated). The resident set also holds the pages an allocator keeps after a free, and
+  // allocated (256 KiB allowed: an allocator may count the free objects its per-thread caches
+  // hold as allocated). The resident set also holds the pages an allocator keeps after a free, and
   // their number varies from run to run by a megabyte or two (the allocator returns them over
   // seconds, and never those of a slab still partly in use); 4 MiB bounds what else could grow
   // (threads, their stacks, mappings).
