@@ -251,10 +251,18 @@ TEST(Gateway, InlineDeliveryRunsOnGatewayThreadAndKeepsOrder) {
             [=](int) {
               std::lock_guard<std::mutex> g(seen->mu);
               ++seen->self_msgs;
-            }};
+            },
+            [](caf::get_atom) { return true; }};
   });
   b.subscribe(MsgType::kv_cache_op, inl, Delivery::inline_io);
   ASSERT_TRUE(wait_until([&] { return a.peer_alive("b"); }));
+  // An actor runs inline only when a delivery wakes it from waiting. Until a worker has started
+  // it, deliveries queue in its mailbox, and on a loaded machine that may take the whole burst:
+  // so it answers once first.
+  caf::scoped_actor probe{*s.sys};
+  bool started = false;
+  probe->request(inl, caf::infinite, caf::get_atom::value).receive([&](bool) { started = true; }, [](caf::error&) {});
+  ASSERT_TRUE(started);
   // A burst, so that some messages queue up behind a running handler.
   for (int i = 0; i < kMsgs; ++i) ASSERT_TRUE(a.send("b", make_envelope(uint64_t(i), KvCacheOp{})));
   ASSERT_EQ(all.get_future().wait_for(kWait), std::future_status::ready);
