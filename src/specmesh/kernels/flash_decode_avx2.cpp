@@ -212,9 +212,9 @@ inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size
   for (auto& a : acc)
     for (auto& v : a) v = _mm256_setzero_ps();
   const float* w = j.scores + size_t(h0) * ld;
-  for (size_t t = 0; t < j.count; ++t) {
-    if (t % kAskEvery == 0) next.ask(per);
-    const typename E::Ptr v = E::at(j.kv->v, row_bytes, j.cells[t], off);
+  const char* const v_base = static_cast<const char*>(j.kv->v);
+  auto key = [&](size_t t) [[gnu::always_inline]] {
+    const typename E::Ptr v = E::at(v_base, row_bytes, j.cells[t], off);
     __m256 vv[N];
     for (int c = 0; c < N; ++c) vv[c] = E::load8(v, c);
     const float* wt = w + t;
@@ -226,7 +226,18 @@ inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size
       const __m256 wv = _mm256_broadcast_ss(wt + size_t(i) * ld);
       for (int c = 0; c < N; ++c) acc[i][c] = _mm256_fmadd_ps(wv, vv[c], acc[i][c]);
     }
+  };
+  // kAskEvery keys per step, with one ask and one loop test for all of them: testing per key
+  // whether an ask was due (and reloading what the test needs) made the values pass a quarter
+  // slower (timed alone over one 128-key partial on a Zen 3: 136 against 180 TSC ticks per key
+  // for all 32 heads).
+  size_t t = 0;
+  for (; t + kAskEvery <= j.count; t += kAskEvery) {
+    next.ask(per);
+    for (size_t u = 0; u < kAskEvery; ++u) key(t + u);
   }
+  if (t < j.count) next.ask(per);
+  for (; t < j.count; ++t) key(t);
   for (int i = 0; i < H; ++i)
     for (int c = 0; c < N; ++c) _mm256_storeu_ps(j.o + size_t(h0 + i) * j.head_dim + o0 + 8 * c, acc[i][c]);
 }
