@@ -271,25 +271,14 @@ void partial(const PartialJob& j) {
 
   // The part of a row this job reads: values [lo, hi) after kv_off.
   const size_t lo = j.span_lo, hi = j.span_hi;
-  const size_t row_bytes = E::bytes(j.kv->row_stride);
 
-  // The next partial's rows: half asked for in shares at each head step of the scores and each
-  // head of the softmax, half every kAskEvery keys of each pass of the values.
-  NextRows next{{static_cast<const char*>(j.kv->k), static_cast<const char*>(j.kv->v)},
-                j.next_cells,
-                j.next_count,
-                row_bytes,
-                E::bytes(lo + j.kv_off),
-                E::bytes(hi + j.kv_off)};
+  // The next partial's rows, asked for in shares at each head step of the scores (two heads
+  // per step), each head of the softmax and every kAskEvery keys of each values pass.
+  NextRows next = next_rows<E>(j);
   const size_t steps = size_t(j.n_q / 2 + j.n_q % 2);
-  const size_t asks = (j.count + 7) / 8 * steps + size_t(j.n_q);
-  const size_t quota = (next.total() / 2 + asks - 1) / asks;
-  size_t value_asks = 0;  // accumulate calls (one per head run and 8 N values) times their asks
-  for (int h = 0, H; h < j.n_q; h += H) {
-    H = kv_run(j, h);
-    value_asks += size_t(nd / value_regs(H, nd)) * ((j.count + kAskEvery - 1) / kAskEvery);
-  }
-  const size_t value_quota = (next.total() - next.total() / 2 + value_asks - 1) / value_asks;
+  const AskShares share =
+      ask_shares(j, next, (j.count + 7) / 8 * steps + size_t(j.n_q), [&](int H) { return nd / value_regs(H, nd); });
+  const size_t quota = share.early, value_quota = share.late;
 
   // Scores, block by block, two heads at a time (sharing the block's loads when they read one
   // KV head), each step asking for its share of the next partial's rows.

@@ -392,10 +392,6 @@ void partial(const PartialJob& j) {
 
   // The part of a row this job reads: values [lo, hi) after kv_off.
   const size_t lo = j.span_lo, hi = j.span_hi;
-  const size_t lo_bytes = E::bytes(lo + j.kv_off), hi_bytes = E::bytes(hi + j.kv_off);
-  const auto* key_bytes = static_cast<const char*>(j.kv->k);
-  const auto* val_bytes = static_cast<const char*>(j.kv->v);
-  const size_t row_bytes = E::bytes(j.kv->row_stride);
 
   // Head steps per score block: runs of heads of one KV head (8-bit scores), else four heads at
   // a time and the rest one by one.
@@ -405,17 +401,12 @@ void partial(const PartialJob& j) {
     for (int h = 0; h < j.n_q; h += kv_run(j, h)) ++steps;
   }
 
-  // The next partial's rows: half asked for in shares at each head step of the scores and each
-  // head of the softmax, half every kAskEvery keys of each pass of the values.
-  NextRows next{{key_bytes, val_bytes}, j.next_cells, j.next_count, row_bytes, lo_bytes, hi_bytes};
-  const size_t asks = (j.count + 15) / 16 * size_t(steps) + size_t(j.n_q);
-  const size_t quota = (next.total() / 2 + asks - 1) / asks;
-  size_t value_asks = 0;  // accumulate calls (one per head group and 16 N values) times their asks
-  for (int h = 0, H; h < j.n_q; h += H) {
-    H = kv_run(j, h);
-    value_asks += size_t(nd / value_regs(H)) * ((j.count + kAskEvery - 1) / kAskEvery);
-  }
-  const size_t value_quota = (next.total() - next.total() / 2 + value_asks - 1) / value_asks;
+  // The next partial's rows, asked for in shares at each head step of the scores, each head of
+  // the softmax and every kAskEvery keys of each values pass.
+  NextRows next = next_rows<E>(j);
+  const AskShares share =
+      ask_shares(j, next, (j.count + 15) / 16 * size_t(steps) + size_t(j.n_q), [&](int H) { return nd / value_regs(H); });
+  const size_t quota = share.early, value_quota = share.late;
 
   // Scores, block by block. Each head step asks for its share of the next partial's rows, a few
   // at a time between the multiply-adds, as a burst of them stalls on the cache's miss buffers.

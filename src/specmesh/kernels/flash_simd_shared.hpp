@@ -1,6 +1,6 @@
 // What the SIMD flash-decode kernels (flash_decode_avx2.cpp, flash_decode_avx512.cpp) share:
-// the requests for the rows a thread reads after its current partial (PartialJob::next), spread
-// between the partial's multiply-adds, and how heads group by KV head. Included by those
+// the requests for the rows a thread reads after its current partial (PartialJob::next), and
+// how they are spread between the partial's multiply-adds, and how heads group by KV head. Included by those
 // translation units only. Everything here has internal linkage (an anonymous namespace), so each
 // kernel file gets its own copy compiled with its own flags: a shared inline function would be
 // merged at link time, and a copy built for AVX-512 could then serve the AVX2 path.
@@ -46,6 +46,35 @@ inline int kv_run(const PartialJob& j, int h) {
   int run = 1;
   while (h + run < j.n_q && run < 8 && j.head_off[h + run] == j.head_off[h]) ++run;
   return run >= 8 ? 8 : run >= 4 ? 4 : run >= 2 ? 2 : 1;
+}
+
+// The rows the thread reads after job j, stored as E (the kernel's row type).
+template <class E>
+NextRows next_rows(const PartialJob& j) {
+  return {{static_cast<const char*>(j.kv->k), static_cast<const char*>(j.kv->v)},
+          j.next_cells,
+          j.next_count,
+          E::bytes(j.kv->row_stride),
+          E::bytes(j.span_lo + j.kv_off),
+          E::bytes(j.span_hi + j.kv_off)};
+}
+
+// How many lines of the next partial's rows each ask takes: half of them spread over the
+// `early` asks (the scores' head steps and the softmax's heads), half over the values passes,
+// which ask every kAskEvery keys. passes(H): the values passes a run of H heads of one KV head
+// takes.
+struct AskShares {
+  size_t early, late;
+};
+template <class Passes>
+AskShares ask_shares(const PartialJob& j, const NextRows& next, size_t early, Passes passes) {
+  size_t late = 0;
+  for (int h = 0, H; h < j.n_q; h += H) {
+    H = kv_run(j, h);
+    late += size_t(passes(H)) * ((j.count + kAskEvery - 1) / kAskEvery);
+  }
+  const size_t half = next.total() / 2;
+  return {(half + early - 1) / early, (next.total() - half + late - 1) / late};
 }
 
 }  // namespace
