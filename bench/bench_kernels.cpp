@@ -17,6 +17,7 @@
 
 #include "specmesh/kernels/ggml_types.hpp"
 #include "specmesh/kernels/matmul.hpp"
+#include "specmesh/kernels/packed_weights.hpp"
 #include "specmesh/kernels/quant.hpp"
 #include "specmesh/kernels/thread_pool.hpp"
 
@@ -36,24 +37,32 @@ size_t cold_bytes() {
 }
 
 // One type's weights at a time (the cold set is large): copy 0 is quantised from Gaussian
-// values, the others are byte copies of it.
+// values, the others are byte copies of it. A type the current path reads packed (as a loaded
+// model's matrices are, PackedWeights) gets packed copies instead, all packed from copy 0.
 struct WeightSet {
   DType type{};
   size_t matrix_bytes = 0;
   size_t copies = 0;
   std::vector<uint8_t> data;
-  WeightView view(size_t i) const { return WeightView{type, data.data() + (i % copies) * matrix_bytes, kRows, kCols}; }
+  std::vector<PackedWeights> packed;
+  WeightView view(size_t i) const {
+    if (packed.empty()) return WeightView{type, data.data() + (i % copies) * matrix_bytes, kRows, kCols};
+    WeightView v{type, data.data(), kRows, kCols};
+    v.packed = packed[i % copies].data();
+    return v;
+  }
 };
 
 // Hot runs use copy 0 of the same set, so switching between hot and cold costs nothing.
 const WeightSet& weights(DType t) {
   static WeightSet set;
-  if (set.copies != 0 && set.type == t) return set;
+  if (set.copies != 0 && set.type == t && set.packed.empty() != PackedWeights::wanted(t)) return set;
   set = WeightSet{};
   set.type = t;
   set.matrix_bytes = kRows * row_bytes(t, kCols);
   set.copies = std::max<size_t>(1, (cold_bytes() + set.matrix_bytes - 1) / set.matrix_bytes);
-  set.data.resize(set.copies * set.matrix_bytes);
+  const bool pack = PackedWeights::wanted(t);
+  set.data.resize((pack ? 1 : set.copies) * set.matrix_bytes);
   std::mt19937 rng(1);
   std::normal_distribution<float> dist(0.0f, 0.02f);
   std::vector<float> row(kCols);
@@ -61,6 +70,11 @@ const WeightSet& weights(DType t) {
   for (size_t r = 0; r < kRows; ++r) {
     for (auto& v : row) v = dist(rng);
     quantize_row(t, row.data(), set.data.data() + r * rb, kCols);
+  }
+  if (pack) {
+    set.packed.reserve(set.copies);
+    for (size_t c = 0; c < set.copies; ++c) set.packed.emplace_back(WeightView{t, set.data.data(), kRows, kCols});
+    return set;
   }
   for (size_t c = 1; c < set.copies; ++c)
     std::memcpy(set.data.data() + c * set.matrix_bytes, set.data.data(), set.matrix_bytes);
@@ -91,7 +105,8 @@ void run_matmul(benchmark::State& state, DType t, int threads, size_t n_tokens, 
   state.counters["GFLOP/s"] =
       benchmark::Counter(iters * 2.0 * kRows * kCols * double(n_tokens) / 1e9, benchmark::Counter::kIsRate);
   const size_t copies = cold ? w.copies : 1;
-  state.SetLabel(std::string(matmul_isa()) + ", " + std::to_string(copies) + (copies == 1 ? " copy" : " copies"));
+  state.SetLabel(std::string(matmul_isa()) + (w.packed.empty() ? ", " : " packed, ") + std::to_string(copies) +
+                 (copies == 1 ? " copy" : " copies"));
 }
 
 // Sums a large buffer with the pool: the DRAM read bandwidth the gemv numbers compare to.

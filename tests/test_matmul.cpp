@@ -35,7 +35,7 @@ struct Matrix {
   size_t rows, cols;
   std::vector<uint8_t> data;
   std::vector<float> deq;  // the exact values the kernels must use
-  std::shared_ptr<PackedWeights> packed;  // read by the AVX-512 path when present
+  std::shared_ptr<PackedWeights> packed;  // read when present by AVX-512, and by AVX2 for Q4_0
   WeightView view() const {
     WeightView v{type, data.data(), rows, cols};
     if (packed) v.packed = packed->data();
@@ -44,7 +44,7 @@ struct Matrix {
 };
 
 // Q8_0 / Q4_0 / Q4_K / Q6_K matrices come with their packed copy (as a loaded model's do) unless
-// `pack` is false, which leaves the AVX-512 path its row-major kernels.
+// `pack` is false, which leaves the SIMD paths their row-major kernels.
 Matrix make_matrix(DType t, size_t rows, size_t cols, uint32_t seed, bool pack = true) {
   Matrix m{t, rows, cols, std::vector<uint8_t>(rows * row_bytes(t, cols)), std::vector<float>(rows * cols), nullptr};
   std::mt19937 rng(seed);
@@ -76,12 +76,12 @@ std::vector<float> activations(size_t n_tokens, size_t cols, uint32_t seed) {
 // packed Q8_0 / Q4_0 weights then add one block at a time, cols/32 additions.)
 // A factor 2 covers the product roundings and second-order terms.
 //
-// For Q8_0/Q4_0 weights, packed Q4_K / Q6_K on the AVX-512 path and Q4_K on every SIMD path,
+// For Q8_0/Q4_0 weights, packed Q4_K / Q6_K on the SIMD paths and Q4_K on every SIMD path,
 // the activations are quantised per 32-block to d*q with d = amax/127, |x - d*q| <= d/2,
 // adding sum_b (d_b/2) * sum_{i in b} |w_i|.
 bool quantizes_activations(const Matrix& m) {
   const std::string isa = matmul_isa();
-  return is_int_dot(m.type) || (m.packed && isa == "avx512") || (m.type == DType::Q4_K && isa != "scalar");
+  return is_int_dot(m.type) || (m.packed && matmul_reads_packed(m.type)) || (m.type == DType::Q4_K && isa != "scalar");
 }
 
 // BF16 weights on AVX-512 BF16 meet activations rounded to bf16 (8 significant bits, to

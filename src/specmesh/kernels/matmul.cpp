@@ -223,6 +223,14 @@ Isa current_isa() {
   return Isa(v);
 }
 
+// Which packed copies a path reads (PackedWeights): AVX-512 every packable type; AVX2 all but
+// Q8_0, whose row-by-row kernels were compute-bound near the memory's speed or below it
+// (matmul_packed_avx2.cpp). A Q8_0 panel stores w + 128, which maddubs would saturate.
+bool reads_packed(Isa isa, DType type) {
+  if (!PackedWeights::packable(type)) return false;
+  return isa == Isa::Avx512 || (isa == Isa::Avx2 && type != DType::Q8_0);
+}
+
 // Below this many multiply-adds, waking the pool costs more than it saves.
 constexpr size_t kSmallWork = size_t(64) << 10;
 // Per-thread row ranges are multiples of this, so tiles never straddle threads needlessly.
@@ -257,7 +265,7 @@ void matmul_rows(const WeightView& w, size_t row_begin, size_t row_end, const fl
   // Integer-dot types, and every packed matrix: quantise each token's activations once,
   // shared by all rows and threads.
   thread_local std::vector<ActQ8> act;
-  const bool packed = isa == Isa::Avx512 && w.packed != nullptr && PackedWeights::packable(w.type);
+  const bool packed = w.packed != nullptr && reads_packed(isa, w.type);
   const size_t nb = w.cols / QK8_0;
 #ifdef SPECMESH_HAVE_AVX2_TU
   // Q4_K rows read in place by matmul_avx2.cpp's integer tiles take the same blocks.
@@ -314,7 +322,7 @@ void matmul_rows(const WeightView& w, size_t row_begin, size_t row_end, const fl
 
   auto run = [&](size_t r0, size_t r1) {
 #ifdef SPECMESH_HAVE_AVX2_TU
-    if (p.wp != nullptr) return gemm_packed_avx512(p, r0, r1);
+    if (p.wp != nullptr) return isa == Isa::Avx512 ? gemm_packed_avx512(p, r0, r1) : gemm_packed_avx2(p, r0, r1);
     if (isa == Isa::Avx512) return gemm_rows_avx512(p, r0, r1);
     if (isa == Isa::Avx2) return gemm_rows_avx2(p, r0, r1);
 #endif
@@ -343,6 +351,8 @@ const char* matmul_isa() { return mm::kIsaNames[int(mm::current_isa())]; }
 bool matmul_isa_has_avx2() { return mm::current_isa() != mm::Isa::Scalar; }
 
 bool matmul_isa_has_avx512() { return mm::current_isa() == mm::Isa::Avx512; }
+
+bool matmul_reads_packed(DType type) { return mm::reads_packed(mm::current_isa(), type); }
 
 bool matmul_bf16_dot() { return matmul_isa_has_avx512() && mm::cpu_has_avx512_bf16(); }
 

@@ -35,8 +35,11 @@ const char* matmul_isa();
 // True when the current path may use AVX2 code (avx2 or avx512): the attention kernels,
 // which have no AVX-512 variant, take their AVX2 code then.
 bool matmul_isa_has_avx2();
-// True when the current path is avx512 (the packed weights and the AVX-512 attention kernel).
+// True when the current path is avx512 (the AVX-512 attention kernel).
 bool matmul_isa_has_avx512();
+// Whether the current path reads matrices of this type from their packed copy (PackedWeights)
+// when they have one: Q8_0, Q4_0, Q4_K and Q6_K on avx512, Q4_0, Q4_K and Q6_K on avx2.
+bool matmul_reads_packed(DType type);
 // Whether BF16 weights meet activations rounded to bf16 (vdpbf16ps) on the current path: the
 // AVX-512 path on a CPU with AVX-512 BF16. Otherwise they are widened to f32.
 bool matmul_bf16_dot();

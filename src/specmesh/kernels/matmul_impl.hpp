@@ -47,6 +47,8 @@ void gemm_rows_avx2(const Problem& p, size_t r0, size_t r1);
 void gemm_rows_avx512(const Problem& p, size_t r0, size_t r1);
 // Rows [r0, r1) (relative to p.row0) from the packed weights p.wp and activations p.xb.
 void gemm_packed_avx512(const Problem& p, size_t r0, size_t r1);
+// The same for Q4_0 panels on AVX2 (matmul_packed_avx2.cpp).
+void gemm_packed_avx2(const Problem& p, size_t r0, size_t r1);
 // The AVX-512 integer kernels read each token's quantised activations in pairs of blocks laid
 // out for whole-register loads: packed_act_bytes(cols) bytes per token (a multiple of 64).
 size_t packed_act_bytes(size_t cols);

@@ -15,7 +15,7 @@ bool PackedWeights::packable(DType type) {
   return type == DType::Q8_0 || type == DType::Q4_0 || type == DType::Q4_K || type == DType::Q6_K;
 }
 
-bool PackedWeights::wanted(DType type) { return packable(type) && matmul_isa_has_avx512(); }
+bool PackedWeights::wanted(DType type) { return matmul_reads_packed(type); }
 
 size_t PackedWeights::quant_bytes(DType type) {
   switch (type) {

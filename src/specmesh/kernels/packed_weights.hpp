@@ -1,4 +1,5 @@
-// Q8_0, Q4_0, Q4_K and Q6_K weights rearranged for the AVX-512 integer kernels.
+// Q8_0, Q4_0, Q4_K and Q6_K weights rearranged for the AVX-512 integer kernels (and all but
+// Q8_0 for the AVX2 ones, matmul_packed_avx2.cpp).
 //
 // The file layout keeps a row's blocks together, so an integer dot product fills each SIMD
 // lane with part of one output and needs a float scale-and-add per block pair per output,
@@ -54,7 +55,7 @@ class PackedWeights {
   // Whether the type has a packed form: Q8_0, Q4_0, Q4_K and Q6_K.
   static bool packable(DType type);
   // Whether matrices of this type are packed while `matmul_isa()` is the path that reads
-  // them: the packable types on the AVX-512 path.
+  // them (matmul_reads_packed): the packable types on the AVX-512 path, all but Q8_0 on AVX2.
   static bool wanted(DType type);
   // Interleaved quant bytes per 32-block of one panel (512 for Q8_0 and Q6_K, 256 for Q4_0
   // and Q4_K).
