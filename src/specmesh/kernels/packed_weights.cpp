@@ -121,9 +121,10 @@ void PackedWeights::pack_q6_K(const WeightView& w, size_t panel) {
       for (size_t r = 0; r < kPanelRows; ++r) {
         const size_t row = p * kPanelRows + r;
         const block_q6_K* b = row < w.rows ? &rows[row * nsb + sb] : nullptr;  // past the end: zeros
-        // Element e is byte e % 4 of group (e % 32) / 4 of block e / 32.
-        for (int e = 0; e < QK_K; ++e)
-          dst[(e / 32) * 512 + ((e % 32) / 4) * 64 + r * 4 + e % 4] = b ? q6_K_quant(*b, e) : 0;
+        uint8_t quants[QK_K] = {};
+        if (b) q6_K_quants(*b, quants);
+        // Element e's 4-byte group (e % 32) / 4 of block e / 32.
+        for (int e = 0; e < QK_K; e += 4) std::memcpy(dst + (e / 32) * 512 + ((e % 32) / 4) * 64 + r * 4, quants + e, 4);
         d[r] = b ? b->d : 0;
         for (int s = 0; s < QK_K / 16; ++s) sc[16 * s + r] = b ? b->scales[s] : 0;
       }

@@ -317,13 +317,16 @@ void quant_q6_K(const float* x, block_q6_K* b, size_t nb) {
 
 void q4_K_scale_min(const uint8_t* scales, int j, uint8_t& sc, uint8_t& m) { scale_min_k4(j, scales, sc, m); }
 
-uint8_t q6_K_quant(const block_q6_K& b, int e) {
-  // Element e = 128 n + 32 k + l: low nibble of ql[64 n + l + 32 (k & 1)] (the high one for
+void q6_K_quants(const block_q6_K& b, uint8_t* out) {
+  // Element 128 n + 32 k + l: low nibble of ql[64 n + l + 32 (k & 1)] (the high one for
   // k >= 2), high bits 2k.. of qh[32 n + l] (as dequant_q6_K reads them).
-  const int n = e / 128, k = (e / 32) % 4, l = e % 32;
-  const uint8_t lo = b.ql[64 * n + l + 32 * (k & 1)];
-  const uint8_t hi = b.qh[32 * n + l];
-  return uint8_t(((k < 2 ? lo : lo >> 4) & 0x0F) | (((hi >> (2 * k)) & 3) << 4));
+  for (int n = 0; n < 2; ++n)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t lo = b.ql[64 * n + l + 32 * (k & 1)];
+        const uint8_t hi = b.qh[32 * n + l];
+        out[128 * n + 32 * k + l] = uint8_t(((k < 2 ? lo : lo >> 4) & 0x0F) | (((hi >> (2 * k)) & 3) << 4));
+      }
 }
 
 void dequantize_row(DType type, const void* src, float* dst, size_t n) {

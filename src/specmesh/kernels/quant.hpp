@@ -16,8 +16,8 @@ void quantize_row(DType type, const float* src, void* dst, size_t n);
 // (ggml's get_scale_min_k4).
 void q4_K_scale_min(const uint8_t* scales, int j, uint8_t& sc, uint8_t& m);
 
-// The stored 6-bit quant (0..63; the value is d * scales[e / 16] * (q - 32)) of element e
-// (0..255) of a Q6_K block.
-uint8_t q6_K_quant(const block_q6_K& b, int e);
+// The stored 6-bit quants of a Q6_K block's 256 elements into out (0..63; element e's value
+// is d * scales[e / 16] * (q - 32)).
+void q6_K_quants(const block_q6_K& b, uint8_t* out);
 
 }  // namespace specmesh
