@@ -2,6 +2,7 @@
 // reference, agreement between paths, and bit-exact batch / thread / row-range invariance.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -233,6 +234,26 @@ TEST_F(MatmulTest, SimdPathsAgreeWithScalar) {
             << isa << " " << dtype_name(t) << " token " << tok << " row " << r;
       }
     }
+    }
+  }
+}
+
+// The AVX2 panel kernels add each block's exact integer sum into the same float steps, in the
+// same order, as the AVX-512 ones (matmul_packed_avx2.cpp): the two paths give the same bits.
+// Runs only where the CPU has AVX-512.
+TEST_F(MatmulTest, PackedPanelsGiveTheSameBitsOnAvx2AndAvx512) {
+  const auto paths = isas();
+  if (std::find(paths.begin(), paths.end(), "avx512") == paths.end()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  ThreadPool pool(2);
+  for (DType t : {DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
+    const Matrix m = make_matrix(t, 70, 1024, 31);
+    const auto x = activations(5, 1024, 32);
+    for (size_t n : {size_t(1), size_t(5)}) {
+      use("avx2");
+      const auto a = run(m, x, n, pool);
+      use("avx512");
+      const auto b = run(m, x, n, pool);
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << dtype_name(t) << " n_tokens " << n;
     }
   }
 }
