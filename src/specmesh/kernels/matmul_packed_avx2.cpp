@@ -55,6 +55,15 @@ inline void ask(const char* at, size_t bytes) {
   for (size_t k = 0; k < bytes; k += 64) _mm_prefetch(at + k, _MM_HINT_T0);
 }
 
+// A tile's start: tokens t .. t + T's activation blocks, and zeroed accumulators.
+template <int T>
+inline void start_panel(const Problem& p, size_t t, const ActBlk* (&x)[T], __m256 (&acc)[2][T]) {
+  const size_t nb = p.cols / QK8_0;
+  for (int j = 0; j < T; ++j) x[j] = p.xb + (t + j) * nb;
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm256_setzero_ps();
+}
+
 // Stores a panel's outputs for tokens [t, t + T), the rows in [a0, a1) only. acc[h] holds rows
 // 8h..8h+7 of the panel.
 template <int T>
@@ -92,11 +101,9 @@ void panel_tile_q4_0(const Problem& p, size_t panel, size_t t, size_t a0, size_t
   const uint8_t* q = p.wp + panel * p.panel_bytes;
   const uint8_t* sc = q + nb * kQuantBytes;
   const ActBlk* x[T];
-  for (int j = 0; j < T; ++j) x[j] = p.xb + (t + j) * nb;
-  const char* next = next_panel<T>(p, panel, a1);
   __m256 acc[2][T];
-  for (auto& a : acc)
-    for (auto& v : a) v = _mm256_setzero_ps();
+  start_panel(p, t, x, acc);
+  const char* next = next_panel<T>(p, panel, a1);
   const __m256i nib = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   for (size_t b = 0; b < nb; ++b) {
@@ -147,13 +154,11 @@ inline __m256 sub_scales(const uint8_t* at, __m256 d) {
 template <int T>
 void panel_tile_q4_K(const Problem& p, size_t panel, size_t t, size_t a0, size_t a1) {
   constexpr size_t kQuarter = packed::kQ4KBytes / 4;
-  const size_t nsb = p.cols / QK_K, nb = p.cols / QK8_0;
+  const size_t nsb = p.cols / QK_K;
   const ActBlk* x[T];
-  for (int j = 0; j < T; ++j) x[j] = p.xb + (t + j) * nb;
-  const char* next = next_panel<T>(p, panel, a1);
   __m256 acc[2][T];
-  for (auto& a : acc)
-    for (auto& v : a) v = _mm256_setzero_ps();
+  start_panel(p, t, x, acc);
+  const char* next = next_panel<T>(p, panel, a1);
   const __m256i nib = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   for (size_t sb = 0; sb < nsb; ++sb) {
@@ -208,13 +213,11 @@ void panel_tile_q4_K(const Problem& p, size_t panel, size_t t, size_t a0, size_t
 template <int T>
 void panel_tile_q6_K(const Problem& p, size_t panel, size_t t, size_t a0, size_t a1) {
   constexpr size_t kSixteenth = packed::kQ6KBytes / 16;
-  const size_t nsb = p.cols / QK_K, nb = p.cols / QK8_0;
+  const size_t nsb = p.cols / QK_K;
   const ActBlk* x[T];
-  for (int j = 0; j < T; ++j) x[j] = p.xb + (t + j) * nb;
-  const char* next = next_panel<T>(p, panel, a1);
   __m256 acc[2][T];
-  for (auto& a : acc)
-    for (auto& v : a) v = _mm256_setzero_ps();
+  start_panel(p, t, x, acc);
+  const char* next = next_panel<T>(p, panel, a1);
   const __m256i ones = _mm256_set1_epi16(1);
   for (size_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* q = p.wp + panel * p.panel_bytes + sb * packed::kQ6KBytes;
