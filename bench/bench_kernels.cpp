@@ -56,12 +56,12 @@ struct WeightSet {
 // Hot runs use copy 0 of the same set, so switching between hot and cold costs nothing.
 const WeightSet& weights(DType t) {
   static WeightSet set;
-  if (set.copies != 0 && set.type == t && set.packed.empty() != PackedWeights::wanted(t)) return set;
+  const bool pack = PackedWeights::wanted(t);
+  if (set.copies != 0 && set.type == t && set.packed.empty() == !pack) return set;
   set = WeightSet{};
   set.type = t;
   set.matrix_bytes = kRows * row_bytes(t, kCols);
   set.copies = std::max<size_t>(1, (cold_bytes() + set.matrix_bytes - 1) / set.matrix_bytes);
-  const bool pack = PackedWeights::wanted(t);
   set.data.resize((pack ? 1 : set.copies) * set.matrix_bytes);
   std::mt19937 rng(1);
   std::normal_distribution<float> dist(0.0f, 0.02f);

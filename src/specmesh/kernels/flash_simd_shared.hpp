@@ -1,9 +1,10 @@
 // What the SIMD flash-decode kernels (flash_decode_avx2.cpp, flash_decode_avx512.cpp) share:
-// the requests for the rows a thread reads after its current partial (PartialJob::next), and
-// how they are spread between the partial's multiply-adds, and how heads group by KV head. Included by those
-// translation units only. Everything here has internal linkage (an anonymous namespace), so each
-// kernel file gets its own copy compiled with its own flags: a shared inline function would be
-// merged at link time, and a copy built for AVX-512 could then serve the AVX2 path.
+// the requests for the rows a thread reads after its current partial (PartialJob::next), how
+// they are spread between the partial's multiply-adds, and how heads group by KV head. Included
+// by those translation units only. Everything here has internal linkage (an anonymous
+// namespace), so each kernel file gets its own copy compiled with its own flags: a shared inline
+// function would be merged at link time, and a copy built for AVX-512 could then serve the AVX2
+// path.
 #pragma once
 
 #include <immintrin.h>

@@ -163,6 +163,11 @@ void panel_tile_q4_K(const Problem& p, size_t panel, size_t t, size_t a0, size_t
   const __m256i ones = _mm256_set1_epi16(1);
   for (size_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* q = p.wp + panel * p.panel_bytes + sb * packed::kQ4KBytes;
+    __m256 d[2], dmin[2];  // rows 8h..
+    for (int h = 0; h < 2; ++h) {
+      d[h] = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(q + 16 * h)));
+      dmin[h] = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(q + 32 + 16 * h)));
+    }
     for (size_t c = 0; c < 4; ++c) {
       if (next != nullptr) ask(next + sb * packed::kQ4KBytes + c * kQuarter, kQuarter);
       const size_t xb = sb * 8 + 2 * c;  // the low nibbles' activation block; xb + 1 the high ones'
@@ -188,8 +193,7 @@ void panel_tile_q4_K(const Problem& p, size_t panel, size_t t, size_t a0, size_t
         const size_t sub = 2 * c + size_t(k);
         for (int h = 0; h < 2; ++h) {
           const uint8_t* meta = q + packed::kKQuantScales + 16 * sub + 8 * h;
-          const __m256 a = sub_scales(meta, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(q + 16 * h))));
-          const __m256 m = sub_scales(meta + 128, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(q + 32 + 16 * h))));
+          const __m256 a = sub_scales(meta, d[h]), m = sub_scales(meta + 128, dmin[h]);
           for (int j = 0; j < T; ++j) {
             const ActBlk& xk = x[j][xb + size_t(k)];
             const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[k][h][j], ones));
@@ -221,24 +225,24 @@ void panel_tile_q6_K(const Problem& p, size_t panel, size_t t, size_t a0, size_t
   const __m256i ones = _mm256_set1_epi16(1);
   for (size_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* q = p.wp + panel * p.panel_bytes + sb * packed::kQ6KBytes;
+    __m256 d[2];  // rows 8h..
+    for (int h = 0; h < 2; ++h) d[h] = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(q + 16 * h)));
     for (size_t sub = 0; sub < QK_K / 16; ++sub) {
       if (next != nullptr) ask(next + sb * packed::kQ6KBytes + sub * kSixteenth, kSixteenth);
       const size_t xb = sb * 8 + sub / 2, half = sub % 2;
       for (int h = 0; h < 2; ++h) {
-        const uint8_t* w = q + packed::kKQuantQuants + (sub / 2) * 512 + 64 * (4 * half) + 32 * h;
-        const __m256 a = _mm256_mul_ps(
-            _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(q + 16 * h))),
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + packed::kKQuantScales + 16 * sub + 8 * h)))));
+        // The sub-block's 4 groups (elements 4g.. of the block half), rows 8h..
+        const uint8_t* at = q + packed::kKQuantQuants + (sub / 2) * 512 + 64 * (4 * half) + 32 * h;
+        __m256i w[4];
+        for (int g = 0; g < 4; ++g) w[g] = _mm256_load_si256(reinterpret_cast<const __m256i*>(at + 64 * g));
+        const __m256 a = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                                 reinterpret_cast<const __m128i*>(q + packed::kKQuantScales + 16 * sub + 8 * h)))));
         for (int j = 0; j < T; ++j) {
           const int8_t* xq = x[j][xb].q.qs + 16 * half;
           __m256i pair[2];
-          for (int k = 0; k < 2; ++k) {
-            const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(w + 128 * k));
-            const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(w + 128 * k + 64));
-            pair[k] = _mm256_add_epi16(_mm256_maddubs_epi16(w0, broadcast4(xq + 8 * k)),
-                                       _mm256_maddubs_epi16(w1, broadcast4(xq + 8 * k + 4)));
-          }
+          for (int k = 0; k < 2; ++k)
+            pair[k] = _mm256_add_epi16(_mm256_maddubs_epi16(w[2 * k], broadcast4(xq + 8 * k)),
+                                       _mm256_maddubs_epi16(w[2 * k + 1], broadcast4(xq + 8 * k + 4)));
           const __m256i s = _mm256_add_epi32(
               _mm256_add_epi32(_mm256_madd_epi16(pair[0], ones), _mm256_madd_epi16(pair[1], ones)),
               _mm256_set1_epi32(x[j][xb].half_corr[half]));
@@ -252,19 +256,22 @@ void panel_tile_q6_K(const Problem& p, size_t panel, size_t t, size_t a0, size_t
 
 using PanelFn = void (*)(const Problem&, size_t panel, size_t t, size_t a0, size_t a1);
 
+// A type's tiles of one and two tokens.
+struct PanelTiles {
+  PanelFn one, two;
+};
+constexpr PanelTiles kQ4_0Tiles{panel_tile_q4_0<1>, panel_tile_q4_0<2>};
+constexpr PanelTiles kQ4_KTiles{panel_tile_q4_K<1>, panel_tile_q4_K<2>};
+constexpr PanelTiles kQ6_KTiles{panel_tile_q6_K<1>, panel_tile_q6_K<2>};
+
 }  // namespace
 
 void gemm_packed_avx2(const Problem& p, size_t r0, size_t r1) {
   const size_t a0 = p.row0 + r0, a1 = p.row0 + r1;
   const size_t pan0 = a0 / kPanelRows, pan1 = (a1 + kPanelRows - 1) / kPanelRows;
-  const PanelFn one = p.type == DType::Q4_K   ? panel_tile_q4_K<1>
-                      : p.type == DType::Q6_K ? panel_tile_q6_K<1>
-                                              : panel_tile_q4_0<1>;
-  const PanelFn two = p.type == DType::Q4_K   ? panel_tile_q4_K<2>
-                      : p.type == DType::Q6_K ? panel_tile_q6_K<2>
-                                              : panel_tile_q4_0<2>;
+  const PanelTiles& tiles = p.type == DType::Q4_K ? kQ4_KTiles : p.type == DType::Q6_K ? kQ6_KTiles : kQ4_0Tiles;
   if (p.n_tokens == 1) {
-    for (size_t pan = pan0; pan < pan1; ++pan) one(p, pan, 0, a0, a1);
+    for (size_t pan = pan0; pan < pan1; ++pan) tiles.one(p, pan, 0, a0, a1);
     return;
   }
   // As in gemm_packed_avx512: a panel stays cached while a block of tokens passes over it.
@@ -274,9 +281,7 @@ void gemm_packed_avx2(const Problem& p, size_t r0, size_t r1) {
   for (size_t t0 = 0; t0 < p.n_tokens; t0 += tok_block) {
     const size_t t1 = min_size(p.n_tokens, t0 + tok_block);
     for (size_t pan = pan0; pan < pan1; ++pan)
-      for (size_t t = t0; t < t1; t += 2) {
-        (t + 1 < t1 ? two : one)(p, pan, t, a0, a1);
-      }
+      for (size_t t = t0; t < t1; t += 2) (t + 1 < t1 ? tiles.two : tiles.one)(p, pan, t, a0, a1);
   }
 }
 
