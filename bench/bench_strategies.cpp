@@ -42,6 +42,7 @@ struct Options {
   double p_split = 0.8;
   bool adaptive = false;
   std::string drafter = std::string(SPECMESH_SOURCE_DIR) + "/models/dflash-stories-target-1M";
+  std::map<std::string, double> params;  // --param: settings for every strategy that takes them
 };
 
 // Block-drafter strategies (dflash) draft with a drafter directory trained for the target, not
@@ -98,6 +99,7 @@ std::string write_topology(const Options& o, const std::string& target, int n_la
   f << "[run.params]\n";
   std::map<std::string, double> settings = {
       {"n_draft", o.n_draft}, {"p_accept", o.p_accept}, {"max_runs", o.max_runs}, {"max_micro_batch", 4}};
+  for (const auto& [k, v] : o.params) settings[k] = v;
   if (variant.defaults) settings.clear();
   for (const auto& [k, v] : variant.params) settings[k] = v;
   for (const auto& [k, v] : settings)
@@ -153,9 +155,28 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--drafter", o.drafter, "dflash: the drafter directory (trained for " + kDrafterTarget + ")")
       ->check(CLI::ExistingDirectory)->capture_default_str();
+  std::vector<std::string> params;
+  app.add_option("--param", params, "KEY=VALUE: set a numeric strategy parameter for every strategy that takes it "
+                                    "(e.g. max_micro_batch=8); tune points and --defaults override it");
   app.add_option("--csv", o.csv, "write the table (one row per pair and strategy) to this CSV file");
   app.add_option("--metrics-csv", o.metrics_csv, "append every request's metrics to this CSV file");
   CLI11_PARSE(app, argc, argv);
+  for (const std::string& p : params) {
+    const size_t eq = p.find('=');
+    char* end = nullptr;
+    const double v = eq == std::string::npos ? 0 : std::strtod(p.c_str() + eq + 1, &end);
+    if (eq == std::string::npos || eq == 0 || end == p.c_str() + eq + 1 || *end != '\0') {
+      std::fprintf(stderr, "--param %s: expected KEY=NUMBER (e.g. max_micro_batch=8)\n", p.c_str());
+      return 2;
+    }
+    const std::string key = p.substr(0, eq);
+    const auto specs = all_params();
+    if (std::none_of(specs.begin(), specs.end(), [&](const ParamSpec& s) { return s.name == key; })) {
+      std::fprintf(stderr, "--param %s: no strategy takes '%s' (specmesh strategies lists them)\n", p.c_str(), key.c_str());
+      return 2;
+    }
+    o.params[key] = v;
+  }
   if (const char* env = std::getenv("SPECMESH_REFDATA")) o.refdata = env;
   o.refdata = std::filesystem::absolute(o.refdata).string();
   if (!std::filesystem::exists(o.refdata + "/gguf-models/stories260K.gguf")) {

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "private_dir.hpp"
+#include "refdata.hpp"
 #include "specmesh/formats/safetensors.hpp"
 #include "specmesh/kernels/quant.hpp"
 #include "specmesh/kernels/thread_pool.hpp"
@@ -335,4 +336,31 @@ TEST(DFlashDrafter, MaskIdMustBeInTheVocabularyOrTheDraftersOwn) {
   write_all(both.weights(), ts);
   EXPECT_NE(load_error(both.dir.path, target.get()).find("must use the id just past the target's vocabulary (300)"),
             std::string::npos);
+}
+
+// `specmesh dflash-data` writes, beside the taps, the target's own greedy choice after every
+// position. At temperature 0 the sampled stories are the greedy ones, so each next token must be
+// that choice: generation (one token at a time) and the data's single pass over the whole
+// sequence agree token for token.
+TEST(DFlashData, GreedyLabelsAreTheTargetsOwnChoices) {
+  SPECMESH_REQUIRE_REFDATA();
+  specmesh::test::ScopedTempDir dir("dflash-data");
+  const std::string out = dir.path + "/data.safetensors";
+  const std::string cmd = std::string(SPECMESH_CLI_PATH) + " dflash-data -m " +
+                          specmesh::test::refdata("gguf-models/stories-target-1M.gguf") +
+                          " --taps 1,5 --samples 3 --tokens 40 --temp 0 --seed 7 -o " + out + " > " + dir.path + "/log 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_text(dir.path + "/log");
+  SafetensorsFile f(out);
+  for (const char* name : {"tokens", "greedy", "offsets", "taps", "tok_embd", "output"})
+    ASSERT_NE(f.tensor(name), nullptr) << name;
+  const std::vector<float> tokens = values(*f.tensor("tokens")), greedy = values(*f.tensor("greedy")),
+                           offsets = values(*f.tensor("offsets"));
+  ASSERT_EQ(greedy.size(), tokens.size());
+  EXPECT_EQ(f.tensor("taps")->shape, (std::vector<int64_t>{int64_t(tokens.size()), 2 * 128}));
+  ASSERT_EQ(offsets.size(), 4u);
+  size_t checked = 0;
+  for (size_t s = 0; s + 1 < offsets.size(); ++s)
+    for (size_t i = size_t(offsets[s]); i + 1 < size_t(offsets[s + 1]); ++i, ++checked)
+      ASSERT_EQ(greedy[i], tokens[i + 1]) << "sequence " << s << ", position " << i - size_t(offsets[s]);
+  EXPECT_GE(checked, 3u * 30);
 }

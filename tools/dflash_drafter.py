@@ -235,14 +235,21 @@ def fixture(outdir):
 
 def train(args):
     """Trains a drafter on `specmesh dflash-data` output: blocks at random anchors of the
-    target's own samples, cross-entropy of rows 1..B-1 against the tokens that followed, weighted
-    by exp(-(k-1)/gamma), through the target's (frozen) classifier."""
+    target's own samples, cross-entropy of rows 1..B-1, weighted by exp(-(k-1)/gamma), through
+    the target's (frozen) classifier. The labels (--labels) are the tokens that followed
+    (`sampled`), or the target's own greedy choice at each position (`greedy`, what acceptance at
+    temperature 0 compares a proposal with); with greedy labels a row counts only while the
+    sampled tokens before it in the block are the target's greedy ones too, as a proposal is
+    only checked after the ones before it were accepted."""
     torch.manual_seed(args.seed)
     data = read_safetensors(args.data)
     with open(args.data, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         meta = json.loads(f.read(n)).get("__metadata__", {})
     tokens = data["tokens"].long()
+    if args.labels == "greedy" and "greedy" not in data:
+        sys.exit(f"{args.data}: no 'greedy' tensor (written by specmesh dflash-data since 2026-11-28); use --labels sampled")
+    greedy = data["greedy"].long() if args.labels == "greedy" else None
     offsets = data["offsets"].long().tolist()
     taps = data["taps"].float()
     tok_embd, output = data["tok_embd"].float(), data["output"].float()
@@ -281,7 +288,13 @@ def train(args):
         valid = idx < n
         toks = tokens[b:e][idx.clamp(max=n - 1)]
         embd = torch.cat([tok_embd[toks[:, :1]], m.p["mask_embedding"].expand(k, B - 1, H)], 1)
-        return anchors, embd, toks[:, 1:], valid[:, 1:]
+        if greedy is None:
+            return anchors, embd, toks[:, 1:], valid[:, 1:]
+        # Row r's label: the target's choice after position anchor + r - 1; the row counts while
+        # the block's sampled tokens 1 .. r - 1 were the target's choices too.
+        labels = greedy[b:e][idx.clamp(max=n - 1)][:, :-1]
+        on_path = torch.cumprod(torch.cat([torch.ones(k, 1), (toks[:, 1:-1] == labels[:, :-1]).float()], 1), 1)
+        return anchors, embd, labels, valid[:, 1:] & (on_path > 0)
 
     def loss_of(b, e, k):
         anchors, embd, labels, valid = blocks(b, e, k)
@@ -339,6 +352,8 @@ def main():
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--log-every", type=int, default=100)
     t.add_argument("--init", help="start from this drafter directory instead of random weights")
+    t.add_argument("--labels", choices=("sampled", "greedy"), default="sampled",
+                   help="what row r learns: the sampled token at anchor + r, or the target's greedy choice there")
     args = ap.parse_args()
     torch.set_num_threads(getattr(args, "threads", 1))
     if args.cmd == "fixture":

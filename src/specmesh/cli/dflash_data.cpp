@@ -3,6 +3,8 @@
 // the tapped layers captured, and writes one safetensors file that tools/dflash_drafter.py
 // trains from:
 //   tokens [N] and offsets [S+1] (sequence s is tokens[offsets[s] .. offsets[s+1]); ids as F32)
+//   greedy [N]: the target's own next token after each position (the argmax of its logits
+//     there; ids as F32), which greedy acceptance compares a proposal with
 //   taps [N, n_taps * n_embd] (F16): the residual stream after each tapped layer, per token
 //   tok_embd, output [n_vocab, n_embd] (F32): the target's embedding and classifier
 // with metadata target_layer_ids, num_target_layers and target.
@@ -17,6 +19,7 @@
 #include "specmesh/kernels/quant.hpp"
 #include "specmesh/model/context.hpp"
 #include "specmesh/model/generate.hpp"
+#include "specmesh/model/sampler.hpp"
 
 namespace specmesh {
 
@@ -78,7 +81,7 @@ void register_dflash_data(CLI::App& app) {
     cp.n_ctx = a->tokens + 8;
     cp.n_threads = a->threads;
     cp.capture_layers = taps;
-    std::vector<float> tokens, offsets{0}, tap_rows;
+    std::vector<float> tokens, greedy, offsets{0}, tap_rows;
     const std::vector<int32_t> bos = model->tokenizer().encode_prompt("");
     for (int s = 0; s < a->samples; ++s) {
       std::vector<int32_t> seq = bos;
@@ -93,11 +96,15 @@ void register_dflash_data(CLI::App& app) {
           return true;
         });
       }
-      // The taps of every position, from one pass over the whole sequence.
+      // The taps and the logits of every position, from one pass over the whole sequence.
       Context ctx(*model, cp);
       Batch batch;
-      for (size_t i = 0; i < seq.size(); ++i) batch.add(seq[i], int32_t(i), seq_bit(0), i + 1 == seq.size());
+      for (size_t i = 0; i < seq.size(); ++i) batch.add(seq[i], int32_t(i), seq_bit(0), true);
       const ForwardOutput out = ctx.forward(batch);
+      std::vector<float> next(seq.size());
+      for (size_t r = 0; r < out.rows.size(); ++r)
+        next[size_t(out.rows[r])] = float(Sampler::argmax(out.logits_row(r, hp.n_vocab), hp.n_vocab));
+      greedy.insert(greedy.end(), next.begin(), next.end());
       for (size_t i = 0; i < seq.size(); ++i) {
         tokens.push_back(float(seq[i]));
         for (const std::vector<float>& layer : out.captured)
@@ -110,6 +117,7 @@ void register_dflash_data(CLI::App& app) {
     for (int id : taps) ids += (ids.empty() ? "" : ",") + std::to_string(id);
     write_safetensors(a->output,
                       {{"tokens", {int64_t(tokens.size())}, tokens, DType::F32},
+                       {"greedy", {int64_t(greedy.size())}, greedy, DType::F32},
                        {"offsets", {int64_t(offsets.size())}, offsets, DType::F32},
                        {"taps", {int64_t(tokens.size()), int64_t(T)}, tap_rows, DType::F16},
                        {"tok_embd", {int64_t(model->tok_embd.rows), int64_t(E)}, embd, DType::F32},
