@@ -377,3 +377,26 @@ TEST(DFlashData, GreedyLabelsAreTheTargetsOwnChoices) {
     if (sampled > 0) EXPECT_GT(sampled_off_greedy, 0u) << "the first tokens were to be sampled at temperature 1";
   }
 }
+
+// Bad flags are refused up front, naming the flag, before any sampling (an unwritable output
+// would otherwise fail only after minutes of it).
+TEST(DFlashData, RefusesBadFlagsNamingThem) {
+  SPECMESH_REQUIRE_REFDATA();
+  specmesh::test::ScopedTempDir dir("dflash-data-bad");
+  const std::string base = std::string(SPECMESH_CLI_PATH) + " dflash-data -m " +
+                           specmesh::test::refdata("gguf-models/stories-target-1M.gguf") + " ";
+  for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--taps 1 --samples 0 -o " + dir.path + "/d.st", "--samples"},
+           {"--taps 1 --tokens 0 -o " + dir.path + "/d.st", "--tokens"},
+           {"--taps 1 --temp -1 -o " + dir.path + "/d.st", "--temp"},
+           {"--taps 1 -t 0 -o " + dir.path + "/d.st", "--threads"},
+           {"--taps 1 --greedy-after -2 -o " + dir.path + "/d.st", "--greedy-after"},
+           {"--taps 9 -o " + dir.path + "/d.st", "layer 9"},
+           {"--taps 1 -o " + dir.path + "/missing/d.st", "cannot write into " + dir.path + "/missing"}}) {
+    SCOPED_TRACE(flags);
+    const std::string log = dir.path + "/log";
+    EXPECT_NE(std::system((base + flags + " > " + log + " 2>&1").c_str()), 0);
+    EXPECT_NE(read_text(log).find(says), std::string::npos) << read_text(log);
+    EXPECT_FALSE(fs::exists(dir.path + "/d.st"));
+  }
+}
