@@ -443,9 +443,18 @@ Stored store(Problem& p, DType type) {
   return st;
 }
 
-// Whether this path scores Q8_0 keys with 8-bit dot products against quantised queries (the
-// AVX-512 kernel, for heads of a multiple of 64 values; Q8KeysScoreAgainstQuantisedQueries).
-bool int8_scores(const std::string& isa, const HeadShape& hs) { return isa == "avx512" && hs.head_dim % 64 == 0; }
+// Whether this path scores Q8_0 keys with 8-bit dot products against quantised queries: both
+// SIMD kernels do, for rows they read in place (heads of whole Q8_0 blocks);
+// Q8KeysScoreAgainstQuantisedQueries.
+bool int8_scores(const std::string& isa, const HeadShape& hs) { return isa != "scalar" && hs.head_dim % 32 == 0; }
+
+// The paths with 8-bit scores on this CPU.
+std::vector<std::string> int8_isas() {
+  std::vector<std::string> v;
+  for (const std::string& isa : isas())
+    if (isa != "scalar") v.push_back(isa);
+  return v;
+}
 
 // Rows stored as F16 or Q8_0 give, on every path and thread count, the bits the same kernel
 // gives F32 rows holding their widened values (every path reads them in place, widening as it
@@ -484,7 +493,7 @@ TEST_F(FlashDecodeTest, StoredTypesReadAsTheirWidenedValues) {
   }
 }
 
-// The query of head h quantised as the AVX-512 kernel quantises it for Q8_0 keys: per block of
+// The query of head h quantised as the SIMD kernels quantise it for Q8_0 keys: per block of
 // 32 values, d = amax / 127 and q = x * (127 / amax) rounded to nearest even, in float.
 std::vector<float> quantised_query(const std::vector<float>& q) {
   std::vector<float> out(q.size());
@@ -497,7 +506,7 @@ std::vector<float> quantised_query(const std::vector<float>& q) {
   return out;
 }
 
-// Q8_0 keys on the AVX-512 path: the scores are 8-bit dot products of the stored keys with the
+// Q8_0 keys on the SIMD paths: the scores are 8-bit dot products of the stored keys with the
 // query quantised per 32-value block. Checked two ways, each able to fail: against attention in
 // double over the same quantised query and the widened rows (the kernel's own rounding only),
 // and against the dequantise-then-F32 reference, exact query, within the bound the query's
@@ -505,11 +514,12 @@ std::vector<float> quantised_query(const std::vector<float>& q) {
 // query block's step), so each softmax weight by a factor within e^(+-2 delta), and an output
 // by at most (e^(2 delta_max) - 1) max|v|. The bound's delta is also checked to hold.
 TEST_F(FlashDecodeTest, Q8KeysScoreAgainstQuantisedQueries) {
-  if (!matmul_set_isa("avx512")) GTEST_SKIP() << "this CPU has no AVX-512 path";
-  use("avx512");
+  if (int8_isas().empty()) GTEST_SKIP() << "this CPU has no SIMD path";
   ThreadPool two(2);
+  for (const std::string& isa : int8_isas())
   for (const HeadShape& hs : {HeadShape{8, 2, 64}, HeadShape{8, 8, 64}, HeadShape{16, 2, 128}, HeadShape{32, 4, 64},
-                              HeadShape{12, 1, 64}}) {
+                              HeadShape{12, 1, 64}, HeadShape{4, 4, 32}, HeadShape{6, 2, 96}}) {
+    use(isa);
     for (size_t n : {size_t(7), size_t(100), size_t(1100)}) {
       Problem p = make_problem(hs, n, 23);
       const Stored st = store(p, DType::Q8_0);  // p now holds the widened rows
@@ -542,7 +552,7 @@ TEST_F(FlashDecodeTest, Q8KeysScoreAgainstQuantisedQueries) {
         bound = std::max(bound, std::expm1(2 * delta) * vmax);
       }
       for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two}) {
-        const std::string what = "H=" + std::to_string(hs.n_head) + "/" + std::to_string(hs.n_head_kv) + " D=" +
+        const std::string what = isa + " H=" + std::to_string(hs.n_head) + "/" + std::to_string(hs.n_head_kv) + " D=" +
                                  std::to_string(hs.head_dim) + " n=" + std::to_string(n);
         std::vector<float> got(p.q.size());
         flash_decode(p.q.data(), hs, p.scale, st.rows(), p.cells.data(), n, got.data(), FlashLayout{}, pool);
@@ -561,8 +571,10 @@ TEST_F(FlashDecodeTest, Q8KeysScoreAgainstQuantisedQueries) {
 // layer) must be quantised again: its result is what a fresh buffer with those values gives,
 // bit for bit, and not the old query's.
 TEST_F(FlashDecodeTest, Q8QueriesRefilledInPlaceAreQuantisedAgain) {
-  if (!matmul_set_isa("avx512")) GTEST_SKIP() << "this CPU has no AVX-512 path";
-  use("avx512");
+  if (int8_isas().empty()) GTEST_SKIP() << "this CPU has no SIMD path";
+  for (const std::string& isa : int8_isas()) {
+  SCOPED_TRACE(isa);
+  use(isa);
   const HeadShape hs{8, 2, 64};
   const size_t n = 700;
   Problem p = make_problem(hs, n, 29);
@@ -586,6 +598,7 @@ TEST_F(FlashDecodeTest, Q8QueriesRefilledInPlaceAreQuantisedAgain) {
   q.back() = q.back() * 0.5f + 0.25f;
   EXPECT_TRUE(same_bits(attend(q), attend(std::vector<float>(q))));
   EXPECT_FALSE(same_bits(attend(q), first));
+  }
 }
 
 TEST(KvRows, StoreAndLoadRoundAsDocumented) {

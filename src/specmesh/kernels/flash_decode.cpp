@@ -258,22 +258,25 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
 #ifdef SPECMESH_HAVE_AVX2_TU
   // The SIMD kernels read F32 and F16 in place, and Q8_0 when each head's values start a block
   // (head offsets are multiples of D); the portable kernel reads everything else.
+  // Both SIMD kernels score Q8_0 keys in 8 bits against the queries quantised alike.
   const bool q8_in_place = kv.type == DType::Q8_0 && job.kv_off % QK8_0 == 0 && D % QK8_0 == 0;
   const bool simd_reads = kv.type == DType::F32 || kv.type == DType::F16 || q8_in_place;
-  if (simd_reads && D % 64 == 0 && matmul_isa_has_avx512()) {
-    if (!q8_in_place) return detail::flash_partial_avx512(job);
+  const bool avx512 = simd_reads && D % 64 == 0 && matmul_isa_has_avx512();
+  if (avx512 || (simd_reads && D % 8 == 0 && use_avx2())) {
+    const auto kernel = avx512 ? detail::flash_partial_avx512 : detail::flash_partial_avx2;
+    if (!q8_in_place) return kernel(job);
     // The partials of one call share their queries (named by `queries`): a thread quantises
     // them for the first it computes and reuses them for the next ones. The scratch's size
     // depends only on the queries' count, so it holds them until a partial of another name.
+    // (Both kernels quantise alike, so a switch of path between calls needs no new name.)
     thread_local AlignedBuffer q8;
     thread_local uint64_t q8_of = 0;  // the name of the queries q8 holds (0: none)
     detail::PartialJob q8_job = job;
     q8_job.q8 = scratch(q8, detail::q8_scratch_floats(n_q, D));
     q8_job.q8_ready = queries != 0 && queries == q8_of;
     q8_of = queries;
-    return detail::flash_partial_avx512(q8_job);
+    return kernel(q8_job);
   }
-  if (simd_reads && D % 8 == 0 && use_avx2()) return detail::flash_partial_avx2(job);
 #endif
   partial_scalar(job);
 }

@@ -169,7 +169,7 @@ struct PartialJob {
   const int32_t* next_cells;
   size_t next_count;
   // Scratch for the queries quantised to 8 bits: q8_scratch_floats(n_q, head_dim) floats, set
-  // when the AVX-512 kernel reads Q8_0 rows (its scores are 8-bit dot products).
+  // when a SIMD kernel reads Q8_0 rows (their scores are 8-bit dot products).
   float* q8 = nullptr;
   // q8 already holds these queries quantised (the thread's previous partial had the same ones).
   bool q8_ready = false;
@@ -184,7 +184,7 @@ constexpr size_t q8_scratch_floats(int n_q, int head_dim) {
 constexpr size_t kScoreRows = 128;
 constexpr size_t score_stride(size_t count) { return count <= kScoreRows ? kScoreRows : (count + 15) / 16 * 16; }
 
-void flash_partial_avx2(const PartialJob& job);    // head_dim a multiple of 8; Q8_0 block-aligned
+void flash_partial_avx2(const PartialJob& job);    // head_dim a multiple of 8; Q8_0 block-aligned, with q8 set
 void flash_partial_avx512(const PartialJob& job);  // head_dim a multiple of 64; Q8_0 block-aligned, with q8 set
 
 }  // namespace detail

@@ -73,6 +73,7 @@ struct F32Rows {
   }
   [[gnu::always_inline]] static __m256 load8(Ptr p, int c) { return _mm256_loadu_ps(p + 8 * c); }
   static size_t bytes(size_t n) { return n * sizeof(float); }
+  static constexpr bool kInt8Scores = false;
 };
 
 struct F16Rows {
@@ -84,6 +85,7 @@ struct F16Rows {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * c)));
   }
   static size_t bytes(size_t n) { return n * sizeof(uint16_t); }
+  static constexpr bool kInt8Scores = false;
 };
 
 // Q8_0: `value` must start a quarter block (flash_decode.cpp checks that heads start blocks;
@@ -103,6 +105,7 @@ struct Q8Rows {
     return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b.d)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
   }
   static size_t bytes(size_t n) { return (n + QK8_0 - 1) / QK8_0 * sizeof(block_q8_0); }
+  static constexpr bool kInt8Scores = true;  // see scores_q8
 };
 
 // Widens values [first, first + width) of the key rows of keys t0 .. t0 + 8 (keys past the
@@ -199,6 +202,109 @@ template <int G>
   }
 }
 
+// Q8_0 keys: the scores as 8-bit dot products, with the AVX-512 kernel's numerics. Each query
+// head is quantised once per partial, per 32-value block, exactly as that kernel does (d = amax
+// / 127, q = x * (127 / amax) rounded to nearest even), so a score is scale * sum over blocks of
+// d_q d_k (q . k), with q . k exact in 32 bits. Without VNNI the products go through maddubs,
+// which multiplies unsigned by signed bytes and saturates its pair sums at 16 bits: the unsigned
+// side is |q| and the signed side k with q's sign (vpsignb), so each pair sum is at most
+// 2 * 127 * 127 and exact. (A stored key byte of -128 would flip wrongly; Q8_0 rows hold
+// -127 .. 127, as kv_store quantises them.) The float steps are the AVX-512 kernel's, in
+// its order, so both give the same scores (their softmax sums differ in order). Against widening
+// the keys to floats this halves the multiplier-port operations per score and drops the
+// widening.
+
+// The quantised queries of a job, in PartialJob::q8 as the AVX-512 kernel lays them out (its
+// bias part unused here).
+struct Q8Query {
+  const int8_t* q;  // n_q * head_dim
+  const float* d;   // n_q * (head_dim / 32)
+};
+
+inline Q8Query quantize_queries(const PartialJob& j) {
+  const int D = j.head_dim, nb = D / 32;
+  auto* q8 = reinterpret_cast<int8_t*>(j.q8);
+  float* d = j.q8 + size_t(j.n_q) * size_t(D) / 4;
+  if (j.q8_ready) return {q8, d};
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  // packs_epi32 then packs_epi16 leave the four registers' values interleaved by 32-bit groups
+  // within each half; this puts them back in order.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int h = 0; h < j.n_q; ++h)
+    for (int b = 0; b < nb; ++b) {
+      const float* x = j.q + size_t(h) * size_t(D) + 32 * size_t(b);
+      __m256 v[4];
+      for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
+      const float amax = avx2::hmax(_mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                                  _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3]))));
+      const size_t at = size_t(h) * size_t(nb) + size_t(b);
+      d[at] = amax / 127.0f;
+      const __m256 id = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+      __m256i n[4];
+      for (int i = 0; i < 4; ++i) n[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
+      const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8 + size_t(h) * size_t(D) + 32 * size_t(b)),
+                          _mm256_permutevar8x32_epi32(bytes, order));
+    }
+  return {q8, d};
+}
+
+// Keys t0 .. t0 + 8 (past the last, key t0 again), the Q8_0 block at value `value` of each row:
+// k[c] lane l holds bytes 4c .. 4c + 4 of key l; dk lane l its scale.
+[[gnu::always_inline]] inline void q8_key_block(const PartialJob& j, size_t t0, size_t value, __m256i k[8], __m256& dk) {
+  const size_t row_bytes = Q8Rows::bytes(j.kv->row_stride);
+  const block_q8_0* r[8];
+  for (size_t u = 0; u < 8; ++u) r[u] = Q8Rows::at(j.kv->k, row_bytes, j.cells[t0 + u < j.count ? t0 + u : t0], value).block;
+  // Per group of four keys, 4 x 4 dword transposes within each 128-bit half: b[4g + c] holds
+  // dword c (low half) and 4 + c (high half) of keys 4g .. 4g + 4.
+  __m256i b[8];
+  for (int g = 0; g < 2; ++g) {
+    __m256i y[4];
+    for (int u = 0; u < 4; ++u) y[u] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r[4 * g + u]->qs));
+    const __m256i a0 = _mm256_unpacklo_epi32(y[0], y[1]), a1 = _mm256_unpackhi_epi32(y[0], y[1]);
+    const __m256i a2 = _mm256_unpacklo_epi32(y[2], y[3]), a3 = _mm256_unpackhi_epi32(y[2], y[3]);
+    b[4 * g] = _mm256_unpacklo_epi64(a0, a2);
+    b[4 * g + 1] = _mm256_unpackhi_epi64(a0, a2);
+    b[4 * g + 2] = _mm256_unpacklo_epi64(a1, a3);
+    b[4 * g + 3] = _mm256_unpackhi_epi64(a1, a3);
+  }
+  for (int c = 0; c < 4; ++c) {
+    k[c] = _mm256_permute2x128_si256(b[c], b[4 + c], 0x20);
+    k[4 + c] = _mm256_permute2x128_si256(b[c], b[4 + c], 0x31);
+  }
+  alignas(16) uint16_t ds[8];
+  for (int l = 0; l < 8; ++l) ds[l] = r[l]->d;
+  dk = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(ds)));
+}
+
+// Scores of heads h .. h + H, which read one KV head, for keys t0 .. t0 + 8. A head's sum over
+// the blocks waits in its score row between blocks (sixteen registers hold one block's keys
+// and one head's products, not eight heads' sums as well).
+template <int H>
+[[gnu::always_inline]] inline void scores_q8(const PartialJob& j, const Q8Query& qq, int h, size_t t0, size_t ld) {
+  const int D = j.head_dim, nb = D / 32;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int b = 0; b < nb; ++b) {
+    __m256i k[8];
+    __m256 dk;
+    q8_key_block(j, t0, j.kv_off + j.head_off[h] + 32 * size_t(b), k, dk);
+    for (int i = 0; i < H; ++i) {
+      const size_t at = size_t(h + i) * size_t(nb) + size_t(b);
+      const auto* qd = reinterpret_cast<const int32_t*>(qq.q + size_t(h + i) * size_t(D) + 32 * size_t(b));
+      __m256i acc = _mm256_setzero_si256();
+      for (int c = 0; c < 8; ++c) {
+        const __m256i x = _mm256_set1_epi32(qd[c]);
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(x), _mm256_sign_epi8(k[c], x)), ones));
+      }
+      float* row = j.scores + size_t(h + i) * ld + t0;
+      const __m256 w = _mm256_mul_ps(dk, _mm256_set1_ps(qq.d[at]));
+      __m256 sum = b == 0 ? _mm256_mul_ps(_mm256_cvtepi32_ps(acc), w) : _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), w, _mm256_loadu_ps(row));
+      if (b + 1 == nb) sum = _mm256_mul_ps(sum, _mm256_set1_ps(j.scale));
+      _mm256_storeu_ps(row, sum);
+    }
+  }
+}
+
 // For heads h0 .. h0 + H (one KV head): o_h[o0 .. o0 + 8 N) = the sum over keys t in index
 // order of w_h[t] * v_t[off .. off + 8 N).
 // LD: the score rows' stride when it is the usual one (kScoreRows), which leaves the heads'
@@ -275,14 +381,32 @@ void partial(const PartialJob& j) {
   // The next partial's rows, asked for in shares at each head step of the scores (two heads
   // per step), each head of the softmax and every kAskEvery keys of each values pass.
   NextRows next = next_rows<E>(j);
-  const size_t steps = size_t(j.n_q / 2 + j.n_q % 2);
+  size_t steps = size_t(j.n_q / 2 + j.n_q % 2);  // per block of keys: pairs of heads, or (8-bit) runs of one KV head
+  if constexpr (E::kInt8Scores) {
+    steps = 0;
+    for (int h = 0; h < j.n_q; h += kv_run(j, h)) ++steps;
+  }
   const AskShares share =
       ask_shares(j, next, (j.count + 7) / 8 * steps + size_t(j.n_q), [&](int H) { return nd / value_regs(H, nd); });
   const size_t quota = share.early, value_quota = share.late;
 
   // Scores, block by block, two heads at a time (sharing the block's loads when they read one
   // KV head), each step asking for its share of the next partial's rows.
+  Q8Query qq{};
+  if constexpr (E::kInt8Scores) qq = quantize_queries(j);
   for (size_t t0 = 0; t0 < j.count; t0 += 8) {
+    if constexpr (E::kInt8Scores) {
+      for (int h = 0; h < j.n_q;) {
+        const int H = kv_run(j, h);
+        next.ask(quota);
+        if (H == 8) scores_q8<8>(j, qq, h, t0, ld);
+        else if (H == 4) scores_q8<4>(j, qq, h, t0, ld);
+        else if (H == 2) scores_q8<2>(j, qq, h, t0, ld);
+        else scores_q8<1>(j, qq, h, t0, ld);
+        h += H;
+      }
+      continue;
+    }
     key_block<E>(j, t0, j.kv_off + lo, hi - lo, j.key_block);
     int h = 0;
     for (; h + 2 <= j.n_q; h += 2) {
