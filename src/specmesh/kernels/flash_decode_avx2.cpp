@@ -381,30 +381,23 @@ void partial(const PartialJob& j) {
   // The next partial's rows, asked for in shares at each head step of the scores (two heads
   // per step), each head of the softmax and every kAskEvery keys of each values pass.
   NextRows next = next_rows<E>(j);
-  size_t steps = size_t(j.n_q / 2 + j.n_q % 2);  // per block of keys: pairs of heads, or (8-bit) runs of one KV head
-  if constexpr (E::kInt8Scores) {
-    steps = 0;
-    for (int h = 0; h < j.n_q; h += kv_run(j, h)) ++steps;
-  }
+  // Head steps per block of keys: pairs of heads, or (8-bit scores) runs of one KV head.
+  const size_t steps = E::kInt8Scores ? kv_runs(j) : size_t(j.n_q / 2 + j.n_q % 2);
   const AskShares share =
       ask_shares(j, next, (j.count + 7) / 8 * steps + size_t(j.n_q), [&](int H) { return nd / value_regs(H, nd); });
   const size_t quota = share.early, value_quota = share.late;
 
-  // Scores, block by block, two heads at a time (sharing the block's loads when they read one
-  // KV head), each step asking for its share of the next partial's rows.
+  // Scores, block by block, each head step asking for its share of the next partial's rows:
+  // 8-bit scores a run of heads of one KV head at a time, else two heads at a time (sharing the
+  // block's loads when they read one KV head).
   Q8Query qq{};
   if constexpr (E::kInt8Scores) qq = quantize_queries(j);
   for (size_t t0 = 0; t0 < j.count; t0 += 8) {
     if constexpr (E::kInt8Scores) {
-      for (int h = 0; h < j.n_q;) {
-        const int H = kv_run(j, h);
+      for_kv_runs(j, [&]<int H>(int h) {
         next.ask(quota);
-        if (H == 8) scores_q8<8>(j, qq, h, t0, ld);
-        else if (H == 4) scores_q8<4>(j, qq, h, t0, ld);
-        else if (H == 2) scores_q8<2>(j, qq, h, t0, ld);
-        else scores_q8<1>(j, qq, h, t0, ld);
-        h += H;
-      }
+        scores_q8<H>(j, qq, h, t0, ld);
+      });
       continue;
     }
     key_block<E>(j, t0, j.kv_off + lo, hi - lo, j.key_block);

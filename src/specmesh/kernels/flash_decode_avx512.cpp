@@ -395,17 +395,13 @@ void partial(const PartialJob& j) {
 
   // Head steps per score block: runs of heads of one KV head (8-bit scores), else four heads at
   // a time and the rest one by one.
-  int steps = j.n_q / 4 + j.n_q % 4;
-  if constexpr (E::kInt8Scores) {
-    steps = 0;
-    for (int h = 0; h < j.n_q; h += kv_run(j, h)) ++steps;
-  }
+  const size_t steps = E::kInt8Scores ? kv_runs(j) : size_t(j.n_q / 4 + j.n_q % 4);
 
   // The next partial's rows, asked for in shares at each head step of the scores, each head of
   // the softmax and every kAskEvery keys of each values pass.
   NextRows next = next_rows<E>(j);
   const AskShares share =
-      ask_shares(j, next, (j.count + 15) / 16 * size_t(steps) + size_t(j.n_q), [&](int H) { return nd / value_regs(H); });
+      ask_shares(j, next, (j.count + 15) / 16 * steps + size_t(j.n_q), [&](int H) { return nd / value_regs(H); });
   const size_t quota = share.early, value_quota = share.late;
 
   // Scores, block by block. Each head step asks for its share of the next partial's rows, a few
@@ -416,15 +412,10 @@ void partial(const PartialJob& j) {
   if constexpr (E::kInt8Scores) qq = quantize_queries(j);
   for (size_t t0 = 0; t0 < j.count; t0 += 16) {
     if constexpr (E::kInt8Scores) {
-      for (int h = 0; h < j.n_q;) {
-        const int H = kv_run(j, h);
+      for_kv_runs(j, [&]<int H>(int h) {
         next.ask(quota);
-        if (H == 8) scores_q8<8>(j, qq, h, t0, ld);
-        else if (H == 4) scores_q8<4>(j, qq, h, t0, ld);
-        else if (H == 2) scores_q8<2>(j, qq, h, t0, ld);
-        else scores_q8<1>(j, qq, h, t0, ld);
-        h += H;
-      }
+        scores_q8<H>(j, qq, h, t0, ld);
+      });
     } else {
       key_block<E>(j, t0, j.kv_off + lo, hi - lo, j.key_block);
       int h = 0;

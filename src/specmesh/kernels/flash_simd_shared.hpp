@@ -49,6 +49,26 @@ inline int kv_run(const PartialJob& j, int h) {
   return run >= 8 ? 8 : run >= 4 ? 4 : run >= 2 ? 2 : 1;
 }
 
+// The runs of heads of one KV head in job j (kv_run): the head steps of the 8-bit scores.
+inline size_t kv_runs(const PartialJob& j) {
+  size_t n = 0;
+  for (int h = 0; h < j.n_q; h += kv_run(j, h)) ++n;
+  return n;
+}
+
+// Calls f.template operator()<H>(h) for each run of H heads from h on that read one KV head.
+template <class F>
+[[gnu::always_inline]] inline void for_kv_runs(const PartialJob& j, F&& f) {
+  for (int h = 0; h < j.n_q;) {
+    const int H = kv_run(j, h);
+    if (H == 8) f.template operator()<8>(h);
+    else if (H == 4) f.template operator()<4>(h);
+    else if (H == 2) f.template operator()<2>(h);
+    else f.template operator()<1>(h);
+    h += H;
+  }
+}
+
 // The rows the thread reads after job j, stored as E (the kernel's row type).
 template <class E>
 NextRows next_rows(const PartialJob& j) {
