@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingDirectory)->capture_default_str();
   std::vector<std::string> params;
   app.add_option("--param", params, "KEY=VALUE: set a numeric strategy parameter for every strategy that takes it "
-                                    "(e.g. max_micro_batch=8); tune points and --defaults override it");
+                                    "(e.g. max_micro_batch=8); --tune's grid points and its rows at the registry's defaults override it");
   app.add_option("--csv", o.csv, "write the table (one row per pair and strategy) to this CSV file");
   app.add_option("--metrics-csv", o.metrics_csv, "append every request's metrics to this CSV file");
   CLI11_PARSE(app, argc, argv);
