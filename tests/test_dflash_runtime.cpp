@@ -235,6 +235,54 @@ TEST(DFlashRuntime, ABadDrafterIsRefusedWithTheFileAndTheDefect) {
   } catch (const std::exception& e) {
     why = e.what();
     EXPECT_NE(why.find("run.draft"), std::string::npos) << why;
-    EXPECT_NE(why.find("a directory, not a model file"), std::string::npos) << why;
+    EXPECT_NE(why.find("a block drafter's directory"), std::string::npos) << why;
   }
+}
+
+// A setup built for dflash runs a strategy that does not draft with its drafter (`specmesh run
+// dflash.toml --strategy ar`) without building the drafter's stage, in process and over stage
+// processes; per request, a strategy that would take the drafter for a draft model is refused.
+TEST(DFlashRuntime, ADrafterSetupRunsOtherStrategiesWithoutTheDrafter) {
+  SPECMESH_REQUIRE_REFDATA();
+  ScopedTempDir dir("dflash-other");
+  std::filesystem::permissions(dir.path, std::filesystem::perms::owner_all);
+  const int n = 24;
+  for (const auto& [stages, transport] : std::vector<std::pair<int, std::string>>{{1, "inproc"}, {3, "ipc"}}) {
+    std::string path = topology(dir.path, stories_target(), kTrained, stages, transport, "", n);
+    {
+      std::ifstream in(path);
+      std::string text((std::istreambuf_iterator<char>(in)), {});
+      text.replace(text.find("strategy = \"dflash\""), 19, "strategy = \"ar\"");
+      std::ofstream(path) << text;
+    }
+    auto rt = Runtime::open(path, node_options(transport != "inproc"));
+    EXPECT_EQ(rt->topology().roles(), (std::set<std::string>{"target"}));
+    GenerationResult r = rt->generate({.prompt = kPrompts[0], .n_predict = n, .sampling = SamplerParams{.temperature = 0}, .ignore_eos = true});
+    ASSERT_TRUE(r.ok()) << r.error;
+    EXPECT_EQ(r.metrics.strategy, "ar");
+    EXPECT_EQ(r.ids, greedy(stories_target(), r.prompt_ids, n)) << stages << " stages (" << transport << ")";
+    // dflash asked for per request: the setup does not build its drafter.
+    r = rt->generate({.prompt = kPrompts[0], .n_predict = n, .sampling = SamplerParams{.temperature = 0}, .strategy = "dflash"});
+    EXPECT_FALSE(r.ok());
+    EXPECT_NE(r.error.find("does not build"), std::string::npos) << r.error;
+  }
+  // Built for dflash (the default for a drafter directory as the draft): ar runs on its target's
+  // stages; spec would take the drafter for its draft.
+  std::string path = topology(dir.path, stories_target(), kTrained, 1, "inproc", "", n);
+  {
+    std::ifstream in(path);
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    text.erase(text.find("strategy = \"dflash\"\n"), 20);
+    std::ofstream(path) << text;
+  }
+  auto rt = Runtime::open(path, node_options(false));
+  EXPECT_EQ(rt->topology().run.strategy, "dflash");
+  GenerationResult r = rt->generate({.prompt = kPrompts[1], .n_predict = n, .sampling = SamplerParams{.temperature = 0},
+                                     .ignore_eos = true, .strategy = "ar"});
+  ASSERT_TRUE(r.ok()) << r.error;
+  EXPECT_EQ(r.metrics.strategy, "ar");
+  EXPECT_EQ(r.ids, greedy(stories_target(), r.prompt_ids, n));
+  r = rt->generate({.prompt = kPrompts[1], .n_predict = n, .sampling = SamplerParams{.temperature = 0}, .strategy = "spec"});
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.error.find("block drafter"), std::string::npos) << r.error;
 }

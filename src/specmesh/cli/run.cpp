@@ -95,6 +95,7 @@ int run_node(const std::string& config, const std::string& name, int port_base, 
   if (!topo.nodes.count(name)) throw ConfigError(config + ": no node named '" + name + "' in [nodes]");
   override_run(topo, strategy, params);
   override_cache(topo, n_ctx, kv_type);
+  topo.check();  // again, for the strategy given (a role it does not take may not be built)
   if (port_base > 0) move_endpoints(topo, port_base);
   if (!keys.empty()) topo.security.keys = std::filesystem::absolute(keys).string();
   if (allow_remote) topo.security.allow_remote = true;

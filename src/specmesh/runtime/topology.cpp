@@ -450,7 +450,31 @@ void Topology::check() {
   for (const auto& [role, model] : roles) present.insert(role);
   const StrategyInfo* info = run.strategy.empty() ? &default_strategy(present) : find_strategy(run.strategy);
   if (!info) fail("run.strategy", "unknown strategy \"" + run.strategy + "\" (registered: " + strategy_names() + ")");
+  // A drafter's directory as the draft, and no strategy named: the strategy that drafts with it.
+  if (run.strategy.empty())
+    for (const StrategyInfo& s : strategies())
+      if (!s.drafter_role.empty() && roles.count(s.drafter_role) &&
+          std::filesystem::is_directory(models.at(roles.at(s.drafter_role)).path))
+        info = &s;
   run.strategy = info->name;
+  // A block drafter's directory is a role's model only for a strategy that drafts with it in that
+  // role: under any other (`--strategy ar` on a dflash setup) the role is not built at all.
+  std::map<std::string, std::string> unbuilt;
+  for (const auto& [role, model] : roles)
+    if (role != kTargetRole && role != info->drafter_role && std::filesystem::is_directory(models.at(model).path))
+      unbuilt[role] = model;
+  for (const auto& [role, model] : unbuilt) {
+    const std::vector<const StageSpec*> of_role = stages_of(role);
+    stages.erase(std::remove_if(stages.begin(), stages.end(),
+                                [&](const StageSpec& s) {
+                                  return std::find(of_role.begin(), of_role.end(), &s) != of_role.end();
+                                }),
+                 stages.end());
+    if (role == kDraftRole) run.draft.clear();
+    else run.roles.erase(role);
+    roles.erase(role);
+    present.erase(role);
+  }
   // An attention-level speculation partner without a model of its own runs the target's.
   if (!info->pair_role.empty() && !roles.count(info->pair_role)) {
     run.roles[info->pair_role] = run.model;
@@ -465,8 +489,13 @@ void Topology::check() {
     }
   }
   const StrategyParams params = info->resolve(run.params);
-  for (const std::string& role : info->needed_roles(params))
+  for (const std::string& role : info->needed_roles(params)) {
+    if (unbuilt.count(role))
+      fail("run.strategy", "\"" + info->name + "\" needs a model for role \"" + role + "\", and " + role_key(role) +
+                               " is a block drafter's directory (" + models.at(unbuilt.at(role)).path +
+                               "), the draft of a block-drafting strategy only");
     if (!roles.count(role)) fail("run.strategy", "\"" + info->name + "\" needs a pipeline for role \"" + role + "\"");
+  }
   if (info->check) {
     try {
       info->check(params, {run.n_ctx, present});
