@@ -333,17 +333,7 @@ inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size
       for (int c = 0; c < N; ++c) acc[i][c] = _mm256_fmadd_ps(wv, vv[c], acc[i][c]);
     }
   };
-  // kAskEvery keys per step, with one ask and one loop test for all of them: testing per key
-  // whether an ask was due (and reloading what the test needs) made the values pass a quarter
-  // slower (timed alone over one 128-key partial on a Zen 3: 136 against 180 TSC ticks per key
-  // for all 32 heads).
-  size_t t = 0;
-  for (; t + kAskEvery <= j.count; t += kAskEvery) {
-    next.ask(per);
-    for (size_t u = 0; u < kAskEvery; ++u) key(t + u);
-  }
-  if (t < j.count) next.ask(per);
-  for (; t < j.count; ++t) key(t);
+  for_keys_asking(j.count, next, per, key);
   for (int i = 0; i < H; ++i)
     for (int c = 0; c < N; ++c) _mm256_storeu_ps(j.o + size_t(h0 + i) * j.head_dim + o0 + 8 * c, acc[i][c]);
 }

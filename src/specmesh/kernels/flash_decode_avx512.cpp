@@ -141,18 +141,10 @@ inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size
       for (int c = 0; c < N; ++c) acc[i][c] = _mm512_fmadd_ps(wv, vv[c], acc[i][c]);
     }
   };
-  // kAskEvery keys per step, with one ask and one loop test for all of them, as in the AVX2
-  // kernel: against testing per key whether an ask is due, one layer's attention took 0.40-0.43
-  // against 0.36-0.62 ms in cache and 2.00-2.21 against 2.08-2.84 from memory (F16 cache, 4K
-  // and 16K keys, 32/4 heads of 64; Q8_0 0.45-0.47 against 0.54-0.60 and 1.70-2.21 against
-  // 1.96-2.36; bench_flash_decode's KV decode ceiling, alternating, Intel Xeon, 2026-11-28).
-  size_t t = 0;
-  for (; t + kAskEvery <= j.count; t += kAskEvery) {
-    next.ask(per);
-    for (size_t u = 0; u < kAskEvery; ++u) key(t + u);
-  }
-  if (t < j.count) next.ask(per);
-  for (; t < j.count; ++t) key(t);
+  // One ask per kAskEvery keys (per key: 0.36-0.62 ms per layer in cache and 2.08-2.84 from
+  // memory against 0.40-0.43 and 2.00-2.21 now, F16 cache, bench_flash_decode's KV decode
+  // ceiling, 32/4 heads of 64, Intel Xeon, 2026-11-28).
+  for_keys_asking(j.count, next, per, key);
   for (int i = 0; i < H; ++i)
     for (int c = 0; c < N; ++c) _mm512_storeu_ps(j.o + size_t(h0 + i) * j.head_dim + o0 + 16 * c, acc[i][c]);
 }
