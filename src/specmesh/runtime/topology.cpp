@@ -133,6 +133,13 @@ std::string resolve_path(const std::string& base, const std::string& p) {
   return (fs::path(base) / p).lexically_normal().string();
 }
 
+// A model given as a directory: a block drafter's (config.json + model.safetensors). A path the
+// system cannot look at (too long, say) is not one; loading it says what is wrong.
+bool is_drafter_dir(const ModelSpec& m) {
+  std::error_code ec;
+  return fs::is_directory(m.path, ec);
+}
+
 }  // namespace
 
 Topology Topology::load(const std::string& path) {
@@ -454,14 +461,14 @@ void Topology::check() {
   if (run.strategy.empty())
     for (const StrategyInfo& s : strategies())
       if (!s.drafter_role.empty() && roles.count(s.drafter_role) &&
-          std::filesystem::is_directory(models.at(roles.at(s.drafter_role)).path))
+          is_drafter_dir(models.at(roles.at(s.drafter_role))))
         info = &s;
   run.strategy = info->name;
   // A block drafter's directory is a role's model only for a strategy that drafts with it in that
   // role: under any other (`--strategy ar` on a dflash setup) the role is not built at all.
   std::map<std::string, std::string> unbuilt;
   for (const auto& [role, model] : roles)
-    if (role != kTargetRole && role != info->drafter_role && std::filesystem::is_directory(models.at(model).path))
+    if (role != kTargetRole && role != info->drafter_role && is_drafter_dir(models.at(model)))
       unbuilt[role] = model;
   for (const auto& [role, model] : unbuilt) {
     const std::vector<const StageSpec*> of_role = stages_of(role);
