@@ -233,11 +233,12 @@ TEST(StageFlood, HundredThousandRunsAreRefusedQuietlyAndTheNodeRecovers) {
   // over six floods in a row: 28.4-31.1 MiB after each, no trend; after the second of two,
   // -0.1 to 4.3 MiB above the first (the most in a CI run beside a build).
   flood(kFloodBase + kFlood, kFlood);
-  const long again = rss_kib(node);
+  const long again = rss_kib(node), again_anon = rss_kib(node, "RssAnon:");
   EXPECT_EQ(answers->flood_logits + answers->flood_errors, 2 * kFlood);
   flood(kFloodBase + 2 * kFlood, 2 * kFlood);
-  const long third = rss_kib(node);
-  std::printf("second and third floods: RSS KiB after %ld and %ld\n", again, third);
+  const long third = rss_kib(node), third_anon = rss_kib(node, "RssAnon:");
+  std::printf("second and third floods: RSS KiB after %ld and %ld (anonymous: %ld and %ld)\n", again, third, again_anon,
+              third_anon);
   EXPECT_EQ(answers->flood_logits + answers->flood_errors, 3 * kFlood);
   EXPECT_LE(again, after + 6 * 1024) << "after the first flood " << after << " KiB";
   EXPECT_LE(third, after + 6 * 1024) << "after the first flood " << after << " KiB, after the second " << again;
