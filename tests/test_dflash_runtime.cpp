@@ -61,6 +61,19 @@ std::string topology(const std::string& dir, const std::string& target, const st
   return path;
 }
 
+// Replaces the first `from` in the file at `path` with `to` (a variation of a written topology).
+void replace_in_file(const std::string& path, const std::string& from, const std::string& to) {
+  std::string text;
+  {
+    std::ifstream in(path);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t at = text.find(from);
+  ASSERT_NE(at, std::string::npos) << "'" << from << "' is not in " << path;
+  text.replace(at, from.size(), to);
+  std::ofstream(path) << text;
+}
+
 std::vector<int32_t> greedy(const std::string& model_path, const std::vector<int32_t>& prompt, int n) {
   auto m = Model::load(model_path);
   Context ctx(*m, {});
@@ -151,12 +164,7 @@ TEST(DFlashRuntime, ContextShiftGoesOnAsPlainDecodingDoes) {
        std::vector<std::tuple<int, std::string, std::string>>{{1, "inproc", ""}, {1, "inproc", "async = 1\nwindow = 16"},
                                                               {3, "ipc", "async = 1"}}) {
     std::string path = topology(dir.path, stories_target(), kTrained, stages, transport, params, n);
-    {
-      std::ifstream in(path);
-      std::string text((std::istreambuf_iterator<char>(in)), {});
-      text.replace(text.find("[run]\n"), 6, "[run]\nn_ctx = " + std::to_string(ctx) + "\n");
-      std::ofstream(path) << text;
-    }
+    replace_in_file(path, "[run]\n", "[run]\nn_ctx = " + std::to_string(ctx) + "\n");
     auto rt = Runtime::open(path, node_options(transport != "inproc"));
     for (int n_keep : {0, 4}) {
       GenerationResult r = rt->generate({.prompt = kPrompts[1], .n_predict = n, .sampling = SamplerParams{.temperature = 0},
@@ -223,12 +231,7 @@ TEST(DFlashRuntime, ABadDrafterIsRefusedWithTheFileAndTheDefect) {
   EXPECT_NE(why.find("mask_token_id"), std::string::npos) << why;
   // A drafter's directory as another strategy's draft model.
   std::string path = topology(dir.path, stories_target(), kTrained, 1, "inproc", "", 8);
-  {
-    std::ifstream in(path);
-    std::string text((std::istreambuf_iterator<char>(in)), {});
-    text.replace(text.find("strategy = \"dflash\""), 19, "strategy = \"spec\"");
-    std::ofstream(path) << text;
-  }
+  replace_in_file(path, "strategy = \"dflash\"", "strategy = \"spec\"");
   try {
     Runtime::open(path, node_options(false));
     ADD_FAILURE() << "spec opened with a drafter directory as its draft";
@@ -249,12 +252,7 @@ TEST(DFlashRuntime, ADrafterSetupRunsOtherStrategiesWithoutTheDrafter) {
   const int n = 24;
   for (const auto& [stages, transport] : std::vector<std::pair<int, std::string>>{{1, "inproc"}, {3, "ipc"}}) {
     std::string path = topology(dir.path, stories_target(), kTrained, stages, transport, "", n);
-    {
-      std::ifstream in(path);
-      std::string text((std::istreambuf_iterator<char>(in)), {});
-      text.replace(text.find("strategy = \"dflash\""), 19, "strategy = \"ar\"");
-      std::ofstream(path) << text;
-    }
+    replace_in_file(path, "strategy = \"dflash\"", "strategy = \"ar\"");
     auto rt = Runtime::open(path, node_options(transport != "inproc"));
     EXPECT_EQ(rt->topology().roles(), (std::set<std::string>{"target"}));
     GenerationResult r = rt->generate({.prompt = kPrompts[0], .n_predict = n, .sampling = SamplerParams{.temperature = 0}, .ignore_eos = true});
@@ -269,12 +267,7 @@ TEST(DFlashRuntime, ADrafterSetupRunsOtherStrategiesWithoutTheDrafter) {
   // Built for dflash (the default for a drafter directory as the draft): ar runs on its target's
   // stages; spec would take the drafter for its draft.
   std::string path = topology(dir.path, stories_target(), kTrained, 1, "inproc", "", n);
-  {
-    std::ifstream in(path);
-    std::string text((std::istreambuf_iterator<char>(in)), {});
-    text.erase(text.find("strategy = \"dflash\"\n"), 20);
-    std::ofstream(path) << text;
-  }
+  replace_in_file(path, "strategy = \"dflash\"\n", "");
   auto rt = Runtime::open(path, node_options(false));
   EXPECT_EQ(rt->topology().run.strategy, "dflash");
   GenerationResult r = rt->generate({.prompt = kPrompts[1], .n_predict = n, .sampling = SamplerParams{.temperature = 0},

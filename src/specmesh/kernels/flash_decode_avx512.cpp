@@ -141,9 +141,6 @@ inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size
       for (int c = 0; c < N; ++c) acc[i][c] = _mm512_fmadd_ps(wv, vv[c], acc[i][c]);
     }
   };
-  // One ask per kAskEvery keys (per key: 0.36-0.62 ms per layer in cache and 2.08-2.84 from
-  // memory against 0.40-0.43 and 2.00-2.21 now, F16 cache, bench_flash_decode's KV decode
-  // ceiling, 32/4 heads of 64, Intel Xeon, 2026-11-28).
   for_keys_asking(j.count, next, per, key);
   for (int i = 0; i < H; ++i)
     for (int c = 0; c < N; ++c) _mm512_storeu_ps(j.o + size_t(h0 + i) * j.head_dim + o0 + 16 * c, acc[i][c]);

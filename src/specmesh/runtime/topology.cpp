@@ -453,30 +453,22 @@ void Topology::check() {
   std::map<std::string, std::string> roles = role_models();
   for (const auto& [role, model] : roles)
     if (!models.count(model)) fail(role_key(role), "names no model in [models]: '" + model + "'");
-  std::set<std::string> present;
-  for (const auto& [role, model] : roles) present.insert(role);
-  const StrategyInfo* info = run.strategy.empty() ? &default_strategy(present) : find_strategy(run.strategy);
+  std::set<std::string> present, drafters;
+  for (const auto& [role, model] : roles) {
+    present.insert(role);
+    if (role != kTargetRole && is_drafter_dir(models.at(model))) drafters.insert(role);
+  }
+  const StrategyInfo* info = run.strategy.empty() ? &default_strategy(present, drafters) : find_strategy(run.strategy);
   if (!info) fail("run.strategy", "unknown strategy \"" + run.strategy + "\" (registered: " + strategy_names() + ")");
-  // A drafter's directory as the draft, and no strategy named: the strategy that drafts with it.
-  if (run.strategy.empty())
-    for (const StrategyInfo& s : strategies())
-      if (!s.drafter_role.empty() && roles.count(s.drafter_role) &&
-          is_drafter_dir(models.at(roles.at(s.drafter_role))))
-        info = &s;
   run.strategy = info->name;
   // A block drafter's directory is a role's model only for a strategy that drafts with it in that
   // role: under any other (`--strategy ar` on a dflash setup) the role is not built at all.
   std::map<std::string, std::string> unbuilt;
-  for (const auto& [role, model] : roles)
-    if (role != kTargetRole && role != info->drafter_role && is_drafter_dir(models.at(model)))
-      unbuilt[role] = model;
+  for (const std::string& role : drafters)
+    if (role != info->drafter_role) unbuilt[role] = roles.at(role);
   for (const auto& [role, model] : unbuilt) {
     const std::vector<const StageSpec*> of_role = stages_of(role);
-    stages.erase(std::remove_if(stages.begin(), stages.end(),
-                                [&](const StageSpec& s) {
-                                  return std::find(of_role.begin(), of_role.end(), &s) != of_role.end();
-                                }),
-                 stages.end());
+    std::erase_if(stages, [&](const StageSpec& s) { return std::ranges::find(of_role, &s) != of_role.end(); });
     if (role == kDraftRole) run.draft.clear();
     else run.roles.erase(role);
     roles.erase(role);

@@ -89,12 +89,14 @@ const StrategyInfo& strategy(const std::string& name) {
   throw std::invalid_argument("unknown strategy \"" + name + "\" (registered: " + strategy_names() + ")");
 }
 
-const StrategyInfo& default_strategy(const std::set<std::string>& roles) {
+const StrategyInfo& default_strategy(const std::set<std::string>& roles, const std::set<std::string>& drafter_roles) {
   // The default that uses the most of the roles present.
   const StrategyInfo* best = nullptr;
   for (const StrategyInfo& s : strategies()) {
     if (!s.default_for_roles) continue;
-    const bool fits = std::all_of(s.roles.begin(), s.roles.end(), [&](const std::string& r) { return roles.count(r); });
+    const bool fits = std::all_of(s.roles.begin(), s.roles.end(), [&](const std::string& r) {
+      return roles.count(r) && (r == s.drafter_role) == (drafter_roles.count(r) != 0);
+    });
     if (fits && (!best || s.roles.size() > best->roles.size())) best = &s;
   }
   if (!best) throw std::logic_error("no registered default strategy fits these roles");

@@ -88,8 +88,10 @@ const std::vector<StrategyInfo>& strategies();
 const StrategyInfo* find_strategy(const std::string& name);
 // Throws std::invalid_argument listing the registered names.
 const StrategyInfo& strategy(const std::string& name);
-// The strategy to use when none is named, for a setup with these pipeline roles.
-const StrategyInfo& default_strategy(const std::set<std::string>& roles);
+// The strategy to use when none is named, for a setup with these pipeline roles, of which
+// `drafter_roles` have block drafters (directories) for models: a strategy fits when it drafts
+// with exactly those of its roles that are drafters.
+const StrategyInfo& default_strategy(const std::set<std::string>& roles, const std::set<std::string>& drafter_roles = {});
 // "ar, spec, pipeinfer"
 std::string strategy_names();
 // Every parameter of every strategy, once per name and meaning (strategies may share one, e.g.

@@ -243,6 +243,7 @@ StrategyInfo strategy_info_dflash() {
        {}},
   };
   s.drafter_role = kDraftRole;
+  s.default_for_roles = true;  // when the draft is a drafter directory (default_strategy)
   s.check = [](const StrategyParams& p, const SetupFacts& f) {
     if (p.integer("taps") != 16 && p.integer("taps") != 32)
       throw ParamConflict("taps", "taps " + std::to_string(p.integer("taps")) + ": the tapped states travel as 32 or 16 bits");
