@@ -173,7 +173,14 @@ struct PartialJob {
   float* q8 = nullptr;
   // q8 already holds these queries quantised (the thread's previous partial had the same ones).
   bool q8_ready = false;
+  // Scratch for row_off_entries(count) byte offsets of the cells' rows (the AVX-512 kernel).
+  size_t* row_off = nullptr;
 };
+
+// Entries of PartialJob::row_off: one per key and, repeated, the last for kRowOffPad keys past
+// it (so a kernel can look that far ahead without a test).
+constexpr size_t kRowOffPad = 16;
+constexpr size_t row_off_entries(size_t count) { return count + kRowOffPad; }
 
 constexpr size_t q8_scratch_floats(int n_q, int head_dim) {
   return size_t(n_q) * size_t(head_dim) / 4 + 2 * size_t(n_q) * size_t(head_dim) / 32;

@@ -66,14 +66,11 @@ inline __m512 exp_neg16(__m512 x) {
   return _mm512_scalef_ps(p, k);
 }
 
-// How a stored type is read. Ptr points at a value of a row; at() finds value `value` of cell
-// `cell`; load16(p, c) widens values [16c, 16c + 16) from p to floats, as kv_load does (F16
+// How a stored type is read. Ptr points at a value of a row (value x of a row is bytes(x) into
+// it); load16(p, c) widens values [16c, 16c + 16) from p to floats, as kv_load does (F16
 // exactly, Q8_0 as d * q); bytes(n) is what n values take.
 struct F32Rows {
   using Ptr = const float*;
-  static Ptr at(const void* base, size_t row_bytes, int32_t cell, size_t value) {
-    return reinterpret_cast<Ptr>(static_cast<const char*>(base) + size_t(cell) * row_bytes) + value;
-  }
   [[gnu::always_inline]] static __m512 load16(Ptr p, int c) { return _mm512_loadu_ps(p + 16 * c); }
   static size_t bytes(size_t n) { return n * sizeof(float); }
   static constexpr bool kInt8Scores = false;
@@ -81,9 +78,6 @@ struct F32Rows {
 
 struct F16Rows {
   using Ptr = const uint16_t*;
-  static Ptr at(const void* base, size_t row_bytes, int32_t cell, size_t value) {
-    return reinterpret_cast<Ptr>(static_cast<const char*>(base) + size_t(cell) * row_bytes) + value;
-  }
   [[gnu::always_inline]] static __m512 load16(Ptr p, int c) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * c)));
   }
@@ -94,9 +88,6 @@ struct F16Rows {
 // Q8_0: `value` must start a block (flash_decode.cpp checks), so 16 values are half a block.
 struct Q8Rows {
   using Ptr = const block_q8_0*;
-  static Ptr at(const void* base, size_t row_bytes, int32_t cell, size_t value) {
-    return reinterpret_cast<Ptr>(static_cast<const char*>(base) + size_t(cell) * row_bytes) + value / QK8_0;
-  }
   [[gnu::always_inline]] static __m512 load16(Ptr p, int c) {
     const block_q8_0& b = p[c / 2];
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16 * (c % 2)));
@@ -116,19 +107,21 @@ constexpr size_t kAhead = 16;
 // Every kAskEvery keys it asks for `per` lines of the next partial's rows.
 template <int N, int H, class E, size_t LD>
 inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size_t o0, NextRows& next, size_t per) {
+  static_assert(kAhead <= kRowOffPad);
   const size_t ld = LD > 0 ? LD : ld_;
-  const size_t row_bytes = E::bytes(j.kv->row_stride);
   __m512 acc[H][N];
   for (auto& a : acc)
     for (auto& v : a) v = _mm512_setzero_ps();
   const float* w = j.scores + size_t(h0) * ld;
+  // Value `off` of every row, and each key's row from it at a precomputed offset: the offsets
+  // serve every pass of the partial, and the loop keeps few registers besides its sums.
+  const char* vb = static_cast<const char*>(j.kv->v) + E::bytes(off);
+  const size_t* ro = j.row_off;
   auto key = [&](size_t t) [[gnu::always_inline]] {
-    const typename E::Ptr v = E::at(j.kv->v, row_bytes, j.cells[t], off);
-    if (t + kAhead < j.count) {
-      const typename E::Ptr pv = E::at(j.kv->v, row_bytes, j.cells[t + kAhead], off);
-      // One request per cache line of the 16 N values.
-      for (size_t b = 0; b < E::bytes(16 * N); b += 64) _mm_prefetch(reinterpret_cast<const char*>(pv) + b, _MM_HINT_T0);
-    }
+    const auto v = reinterpret_cast<typename E::Ptr>(vb + ro[t]);
+    // One request per cache line of the 16 N values (past the last key, the last again).
+    const char* pv = vb + ro[t + kAhead];
+    for (size_t b = 0; b < E::bytes(16 * N); b += 64) _mm_prefetch(pv + b, _MM_HINT_T0);
     __m512 vv[N];
     for (int c = 0; c < N; ++c) vv[c] = E::load16(v, c);
     const float* wt = w + t;
@@ -167,12 +160,12 @@ inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size
 // at a time, their sixteen-value pieces transposed by 128-bit lanes in registers.
 template <class E>
 inline void key_block(const PartialJob& j, size_t t0, size_t first, size_t width, float* kt) {
-  const size_t row_bytes = E::bytes(j.kv->row_stride);
+  const char* kb = static_cast<const char*>(j.kv->k) + E::bytes(first);
   for (size_t g = 0; g < 4; ++g) {
     typename E::Ptr row[4];
     for (size_t u = 0; u < 4; ++u) {
       const size_t t = t0 + 4 * g + u < j.count ? t0 + 4 * g + u : t0;
-      row[u] = E::at(j.kv->k, row_bytes, j.cells[t], first);
+      row[u] = reinterpret_cast<typename E::Ptr>(kb + j.row_off[t]);
     }
     for (size_t c = 0; c < width / 16; ++c) {
       const __m512 x0 = E::load16(row[0], int(c)), x1 = E::load16(row[1], int(c));
@@ -316,11 +309,11 @@ constexpr int32_t kQ8Lanes[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 
 
 [[gnu::always_inline]] inline void q8_key_block(const PartialJob& j, size_t t0, size_t value, __m512i k[8],
                                                 __m512& dk) {
-  const size_t row_bytes = Q8Rows::bytes(j.kv->row_stride);
+  const char* kb = static_cast<const char*>(j.kv->k) + Q8Rows::bytes(value);
   const block_q8_0* r[16];
   for (size_t u = 0; u < 16; ++u) {
     const size_t t = t0 + u < j.count ? t0 + u : t0;
-    r[u] = Q8Rows::at(j.kv->k, row_bytes, j.cells[t], value);
+    r[u] = reinterpret_cast<const block_q8_0*>(kb + j.row_off[t]);
   }
   // y[u]: key u's eight dwords, then key u + 8's.
   __m512i y[8];
@@ -410,6 +403,9 @@ void partial(const PartialJob& j) {
   // them; asking again for the keys cost 4 % at 16K keys, for the values nothing measurable.)
   Q8Query qq{};
   if constexpr (E::kInt8Scores) qq = quantize_queries(j);
+  const size_t row_bytes = E::bytes(j.kv->row_stride);
+  for (size_t t = 0; t < j.count; ++t) j.row_off[t] = size_t(j.cells[t]) * row_bytes;
+  for (size_t t = j.count; t < row_off_entries(j.count); ++t) j.row_off[t] = j.row_off[j.count - 1];
   for (size_t t0 = 0; t0 < j.count; t0 += 16) {
     if constexpr (E::kInt8Scores) {
       for_kv_runs(j, [&]<int H>(int h) {
