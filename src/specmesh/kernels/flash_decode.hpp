@@ -173,7 +173,7 @@ struct PartialJob {
   float* q8 = nullptr;
   // q8 already holds these queries quantised (the thread's previous partial had the same ones).
   bool q8_ready = false;
-  // Scratch for row_off_entries(count) byte offsets of the cells' rows (the AVX-512 kernel).
+  // Scratch for row_off_entries(count) byte offsets of the cells' rows (the SIMD kernels).
   size_t* row_off = nullptr;
 };
 

@@ -63,14 +63,12 @@ inline __m256 exp_neg(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-// How a stored type is read. Ptr points at a value of a row; at() finds value `value` of cell
-// `cell`; load8(p, c) widens values [8c, 8c + 8) from p to floats, as kv_load does (F16
+// How a stored type is read. Ptr points at a value of a row; at(row) finds value `value` of the
+// row that starts at `row`; load8(p, c) widens values [8c, 8c + 8) from p to floats, as kv_load does (F16
 // exactly, Q8_0 as d * q); bytes(n) is what n values take.
 struct F32Rows {
   using Ptr = const float*;
-  static Ptr at(const void* base, size_t row_bytes, int32_t cell, size_t value) {
-    return reinterpret_cast<Ptr>(static_cast<const char*>(base) + size_t(cell) * row_bytes) + value;
-  }
+  static Ptr at(const char* row, size_t value) { return reinterpret_cast<Ptr>(row) + value; }
   [[gnu::always_inline]] static __m256 load8(Ptr p, int c) { return _mm256_loadu_ps(p + 8 * c); }
   static size_t bytes(size_t n) { return n * sizeof(float); }
   static constexpr bool kInt8Scores = false;
@@ -78,9 +76,7 @@ struct F32Rows {
 
 struct F16Rows {
   using Ptr = const uint16_t*;
-  static Ptr at(const void* base, size_t row_bytes, int32_t cell, size_t value) {
-    return reinterpret_cast<Ptr>(static_cast<const char*>(base) + size_t(cell) * row_bytes) + value;
-  }
+  static Ptr at(const char* row, size_t value) { return reinterpret_cast<Ptr>(row) + value; }
   [[gnu::always_inline]] static __m256 load8(Ptr p, int c) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * c)));
   }
@@ -95,9 +91,8 @@ struct Q8Rows {
     const block_q8_0* block;
     int quarter;  // of the first value in `block`
   };
-  static Ptr at(const void* base, size_t row_bytes, int32_t cell, size_t value) {
-    const auto* row = reinterpret_cast<const block_q8_0*>(static_cast<const char*>(base) + size_t(cell) * row_bytes);
-    return {row + value / QK8_0, int(value % QK8_0 / 8)};
+  static Ptr at(const char* row, size_t value) {
+    return {reinterpret_cast<const block_q8_0*>(row) + value / QK8_0, int(value % QK8_0 / 8)};
   }
   [[gnu::always_inline]] static __m256 load8(Ptr p, int c) {
     const block_q8_0& b = p.block[(p.quarter + c) / 4];
@@ -113,11 +108,11 @@ struct Q8Rows {
 // a time, their eight-value pieces swapped by 128-bit halves.
 template <class E>
 inline void key_block(const PartialJob& j, size_t t0, size_t first, size_t width, float* kt) {
-  const size_t row_bytes = E::bytes(j.kv->row_stride);
+  const char* const k_base = static_cast<const char*>(j.kv->k);
   for (size_t g = 0; g < 4; ++g) {
     const size_t a = t0 + 2 * g < j.count ? t0 + 2 * g : t0, b = t0 + 2 * g + 1 < j.count ? t0 + 2 * g + 1 : t0;
-    const typename E::Ptr ra = E::at(j.kv->k, row_bytes, j.cells[a], first);
-    const typename E::Ptr rb = E::at(j.kv->k, row_bytes, j.cells[b], first);
+    const typename E::Ptr ra = E::at(k_base + j.row_off[a], first);
+    const typename E::Ptr rb = E::at(k_base + j.row_off[b], first);
     for (size_t c = 0; c < width / 8; ++c) {
       const __m256 x0 = E::load8(ra, int(c)), x1 = E::load8(rb, int(c));
       _mm256_storeu_ps(kt + 64 * c + 8 * g, _mm256_permute2f128_ps(x0, x1, 0x20));
@@ -252,9 +247,9 @@ inline Q8Query quantize_queries(const PartialJob& j) {
 // Keys t0 .. t0 + 8 (past the last, key t0 again), the Q8_0 block at value `value` of each row:
 // k[c] lane l holds bytes 4c .. 4c + 4 of key l; dk lane l its scale.
 [[gnu::always_inline]] inline void q8_key_block(const PartialJob& j, size_t t0, size_t value, __m256i k[8], __m256& dk) {
-  const size_t row_bytes = Q8Rows::bytes(j.kv->row_stride);
+  const char* const k_base = static_cast<const char*>(j.kv->k);
   const block_q8_0* r[8];
-  for (size_t u = 0; u < 8; ++u) r[u] = Q8Rows::at(j.kv->k, row_bytes, j.cells[t0 + u < j.count ? t0 + u : t0], value).block;
+  for (size_t u = 0; u < 8; ++u) r[u] = Q8Rows::at(k_base + j.row_off[t0 + u < j.count ? t0 + u : t0], value).block;
   // Per group of four keys, 4 x 4 dword transposes within each 128-bit half: b[4g + c] holds
   // dword c (low half) and 4 + c (high half) of keys 4g .. 4g + 4.
   __m256i b[8];
@@ -313,14 +308,13 @@ template <int H>
 template <int N, int H, class E, size_t LD>
 inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size_t o0, NextRows& next, size_t per) {
   const size_t ld = LD > 0 ? LD : ld_;
-  const size_t row_bytes = E::bytes(j.kv->row_stride);
   __m256 acc[H][N];
   for (auto& a : acc)
     for (auto& v : a) v = _mm256_setzero_ps();
   const float* w = j.scores + size_t(h0) * ld;
   const char* const v_base = static_cast<const char*>(j.kv->v);
   auto key = [&](size_t t) [[gnu::always_inline]] {
-    const typename E::Ptr v = E::at(v_base, row_bytes, j.cells[t], off);
+    const typename E::Ptr v = E::at(v_base + j.row_off[t], off);
     __m256 vv[N];
     for (int c = 0; c < N; ++c) vv[c] = E::load8(v, c);
     const float* wt = w + t;
@@ -382,6 +376,7 @@ void partial(const PartialJob& j) {
   // block's loads when they read one KV head).
   Q8Query qq{};
   if constexpr (E::kInt8Scores) qq = quantize_queries(j);
+  fill_row_off(j, E::bytes(j.kv->row_stride));
   for (size_t t0 = 0; t0 < j.count; t0 += 8) {
     if constexpr (E::kInt8Scores) {
       for_kv_runs(j, [&]<int H>(int h) {

@@ -403,9 +403,7 @@ void partial(const PartialJob& j) {
   // them; asking again for the keys cost 4 % at 16K keys, for the values nothing measurable.)
   Q8Query qq{};
   if constexpr (E::kInt8Scores) qq = quantize_queries(j);
-  const size_t row_bytes = E::bytes(j.kv->row_stride);
-  for (size_t t = 0; t < j.count; ++t) j.row_off[t] = size_t(j.cells[t]) * row_bytes;
-  for (size_t t = j.count; t < row_off_entries(j.count); ++t) j.row_off[t] = j.row_off[j.count - 1];
+  fill_row_off(j, E::bytes(j.kv->row_stride));
   for (size_t t0 = 0; t0 < j.count; t0 += 16) {
     if constexpr (E::kInt8Scores) {
       for_kv_runs(j, [&]<int H>(int h) {
