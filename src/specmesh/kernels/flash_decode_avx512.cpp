@@ -183,6 +183,35 @@ inline void key_block(const PartialJob& j, size_t t0, size_t first, size_t width
   }
 }
 
+// F16 rows, the same block: four keys' sixteen-value pieces are transposed by 64-bit pieces
+// (four values each) while still 16-bit, two two-source permutes where the floats took eight
+// shuffles, and then widened. One process alternating both versions (32/4 heads of 64, 128
+// keys): 0.93-0.94x the partial's time in cache, 0.97x from memory.
+template <>
+inline void key_block<F16Rows>(const PartialJob& j, size_t t0, size_t first, size_t width, float* kt) {
+  const char* kb = static_cast<const char*>(j.kv->k) + F16Rows::bytes(first);
+  const __m512i lo_idx = _mm512_setr_epi64(0, 4, 8, 12, 1, 5, 9, 13);
+  const __m512i hi_idx = _mm512_setr_epi64(2, 6, 10, 14, 3, 7, 11, 15);
+  for (size_t g = 0; g < 4; ++g) {
+    const uint16_t* row[4];
+    for (size_t u = 0; u < 4; ++u) {
+      const size_t t = t0 + 4 * g + u < j.count ? t0 + 4 * g + u : t0;
+      row[u] = reinterpret_cast<const uint16_t*>(kb + j.row_off[t]);
+    }
+    for (size_t c = 0; c < width / 16; ++c) {
+      auto ld = [&](int u) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[u] + 16 * c)); };
+      const __m512i z01 = _mm512_inserti64x4(_mm512_castsi256_si512(ld(0)), ld(1), 1);
+      const __m512i z23 = _mm512_inserti64x4(_mm512_castsi256_si512(ld(2)), ld(3), 1);
+      const __m512i lo = _mm512_permutex2var_epi64(z01, lo_idx, z23), hi = _mm512_permutex2var_epi64(z01, hi_idx, z23);
+      float* dst = kt + c * 256 + 16 * g;
+      _mm512_storeu_ps(dst, _mm512_cvtph_ps(_mm512_castsi512_si256(lo)));
+      _mm512_storeu_ps(dst + 64, _mm512_cvtph_ps(_mm512_extracti64x4_epi64(lo, 1)));
+      _mm512_storeu_ps(dst + 128, _mm512_cvtph_ps(_mm512_castsi512_si256(hi)));
+      _mm512_storeu_ps(dst + 192, _mm512_cvtph_ps(_mm512_extracti64x4_epi64(hi, 1)));
+    }
+  }
+}
+
 // Scores of heads h .. h + H for the 16 keys of kt, which starts at value `lo` after kv_off.
 // Shared: the H heads read one KV head, so they share the block's loads.
 template <int H, bool Shared>
