@@ -91,14 +91,30 @@ bool use_pool(ThreadPool* pool, size_t work) { return pool != nullptr && pool->s
 constexpr size_t kNoSlot = size_t(-1);
 
 // Runs fn(i, then) for i in [0, count), over the pool or all here, where `then` is the index the
-// same thread runs next (kNoSlot for its last), so that fn can ask for its data early.
+// same thread runs next (kNoSlot for its last), so that fn can ask for its data early. The
+// threads take the items from a shared counter one at a time, each claiming its next before it
+// computes its current one: a thread slowed down (a busy neighbour on a shared core) computes
+// fewer items instead of keeping the other waiting at the end, as contiguous halves did (22
+// layers of 16K keys on a loaded Xeon, both ways alternating: 0.84x the time per layer with an
+// F16 cache, 0.92x with Q8_0; whole Q4_0 decode steps at 16K keys on a quieter one, three runs:
+// 0.92-0.99x, and 0.99x at 4K and 512). Which thread computes an item does not change its
+// result. (Matmul tiles taken the same way, in pieces of an eighth, were 2-4 % slower: a piece
+// boundary stops the kernel asking for the next tile's rows early.)
 template <class Fn>
 void run_each(size_t count, bool threaded, ThreadPool* pool, const Fn& fn) {
-  auto range = [&](size_t b, size_t e) {
-    for (size_t i = b; i < e; ++i) fn(i, i + 1 < e ? i + 1 : kNoSlot);
-  };
-  if (threaded) pool->parallel_for(count, range);
-  else range(0, count);
+  if (!threaded) {
+    for (size_t i = 0; i < count; ++i) fn(i, i + 1 < count ? i + 1 : kNoSlot);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  pool->run([&](int, int) {
+    size_t i = next.fetch_add(1, std::memory_order_relaxed);
+    while (i < count) {
+      const size_t then = next.fetch_add(1, std::memory_order_relaxed);
+      fn(i, then < count ? then : kNoSlot);
+      i = then;
+    }
+  });
 }
 
 // Writes normalised o / l to out (zeros for an empty partial).
