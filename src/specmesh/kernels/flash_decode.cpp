@@ -268,9 +268,9 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
   const size_t span_lo = *lo, span_hi = *hi + size_t(D);
   // The key block holds 16 keys' span of the heads' rows.
   detail::PartialJob job{q, n_q, group, &kv, kv_off + kv.offset, head_off.data(), span_lo, span_hi, D, scale,
-                               cells, count, o, m, l,
-                               scratch(scores, size_t(n_q) * detail::score_stride(count)),
-                               scratch(key_block, 16 * (span_hi - span_lo)), next, next_count};
+                         cells, count, o, m, l,
+                         scratch(scores, size_t(n_q) * detail::score_stride(count)),
+                         scratch(key_block, 16 * (span_hi - span_lo)), next, next_count};
   job.row_off = reinterpret_cast<size_t*>(scratch(row_off, 2 * detail::row_off_entries(count)));
 #ifdef SPECMESH_HAVE_AVX2_TU
   // The SIMD kernels read F32 and F16 in place, and Q8_0 when each head's values start a block

@@ -63,9 +63,9 @@ inline __m256 exp_neg(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-// How a stored type is read. Ptr points at a value of a row; at(row) finds value `value` of the
-// row that starts at `row`; load8(p, c) widens values [8c, 8c + 8) from p to floats, as kv_load does (F16
-// exactly, Q8_0 as d * q); bytes(n) is what n values take.
+// How a stored type is read. Ptr points at a value of a row; at(row, value) finds value `value`
+// of the row that starts at `row`; load8(p, c) widens values [8c, 8c + 8) from p to floats, as
+// kv_load does (F16 exactly, Q8_0 as d * q); bytes(n) is what n values take.
 struct F32Rows {
   using Ptr = const float*;
   static Ptr at(const char* row, size_t value) { return reinterpret_cast<Ptr>(row) + value; }
