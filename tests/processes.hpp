@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -89,28 +90,45 @@ inline bool wait_until(const std::function<bool()>& done, std::chrono::milliseco
   return true;
 }
 
-// `argv` (found on PATH) started with its stdout and stderr going to `output`.
-inline pid_t start_process(const std::vector<std::string>& argv, const std::string& output) {
+// Environment variables set for a started process only (name, value).
+using EnvVars = std::vector<std::pair<std::string, std::string>>;
+
+// `argv` (found on PATH) started with its stdout and stderr going to `output`, and `env` added
+// to its environment.
+inline pid_t start_process(const std::vector<std::string>& argv, const std::string& output, const EnvVars& env = {}) {
   std::vector<std::string> copy = argv;
   std::vector<char*> args;
   for (std::string& a : copy) args.push_back(a.data());
   args.push_back(nullptr);
+  // The child's environment, built here: between fork and exec a child of this multithreaded
+  // process may only call async-signal-safe functions, which setenv is not.
+  std::vector<std::string> vars;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string var = *e;
+    bool replaced = false;
+    for (const auto& [name, value] : env) replaced = replaced || var.rfind(name + "=", 0) == 0;
+    if (!replaced) vars.push_back(var);
+  }
+  for (const auto& [name, value] : env) vars.push_back(name + "=" + value);
+  std::vector<char*> envp;
+  for (std::string& v : vars) envp.push_back(v.data());
+  envp.push_back(nullptr);
   const pid_t pid = ::fork();
   if (pid == 0) {
     const int fd = ::open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
-    ::execvp(args[0], args.data());
+    ::execvpe(args[0], args.data(), envp.data());
     ::_exit(127);
   }
   return pid;
 }
 
 // The specmesh binary started with `args`, its stdout and stderr going to `output`.
-inline pid_t start_cli(const std::vector<std::string>& args, const std::string& output) {
+inline pid_t start_cli(const std::vector<std::string>& args, const std::string& output, const EnvVars& env = {}) {
   std::vector<std::string> all = {SPECMESH_CLI_PATH};
   all.insert(all.end(), args.begin(), args.end());
-  return start_process(all, output);
+  return start_process(all, output, env);
 }
 
 // The exit status of child `pid` (128 + the signal when one ended it), or nothing when it is

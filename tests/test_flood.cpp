@@ -11,7 +11,6 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -105,12 +104,8 @@ TEST(StageFlood, HundredThousandRunsAreRefusedQuietlyAndTheNodeRecovers) {
   // system over ten seconds: the resident set a few seconds after a flood would then count
   // pages freed or not yet depending on timing. With the decay off it counts what the node
   // holds (and what its allocator keeps in partly used slabs).
-  const char* conf = std::getenv("MALLOC_CONF");
-  const std::string saved_conf = conf != nullptr ? conf : "";
-  ::setenv("MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0", 1);
-  const pid_t node = test::start_cli({"node", "--config", config, "--name", "stage0"}, output);
-  if (conf != nullptr) ::setenv("MALLOC_CONF", saved_conf.c_str(), 1);
-  else ::unsetenv("MALLOC_CONF");
+  const pid_t node = test::start_cli({"node", "--config", config, "--name", "stage0"}, output,
+                                     {{"MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0"}});
   struct Stop {  // declared after RemoveDir: the node is gone before its directory
     pid_t pid;
     ~Stop() {

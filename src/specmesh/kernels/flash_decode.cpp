@@ -271,7 +271,6 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
                          cells, count, o, m, l,
                          scratch(scores, size_t(n_q) * detail::score_stride(count)),
                          scratch(key_block, 16 * (span_hi - span_lo)), next, next_count};
-  job.row_off = reinterpret_cast<size_t*>(scratch(row_off, 2 * detail::row_off_entries(count)));
 #ifdef SPECMESH_HAVE_AVX2_TU
   // The SIMD kernels read F32 and F16 in place, and Q8_0 when each head's values start a block
   // (head offsets are multiples of D); the portable kernel reads everything else.
@@ -280,6 +279,7 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
   const bool simd_reads = kv.type == DType::F32 || kv.type == DType::F16 || q8_in_place;
   const bool avx512 = simd_reads && D % 64 == 0 && matmul_isa_has_avx512();
   if (avx512 || (simd_reads && D % 8 == 0 && use_avx2())) {
+    job.row_off = reinterpret_cast<size_t*>(scratch(row_off, 2 * detail::row_off_entries(count)));
     const auto kernel = avx512 ? detail::flash_partial_avx512 : detail::flash_partial_avx2;
     if (!q8_in_place) return kernel(job);
     // The partials of one call share their queries (named by `queries`): a thread quantises

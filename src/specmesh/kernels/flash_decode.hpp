@@ -178,7 +178,9 @@ struct PartialJob {
 };
 
 // Entries of PartialJob::row_off: one per key and, repeated, the last for kRowOffPad keys past
-// it (so a kernel can look that far ahead without a test).
+// it, so a kernel reads that far ahead without a test: a block of 8 or 16 keys that the last
+// key ends early fills its spare lanes from the last row (the softmax masks their scores),
+// and the values pass asks for rows kAhead keys ahead.
 constexpr size_t kRowOffPad = 16;
 constexpr size_t row_off_entries(size_t count) { return count + kRowOffPad; }
 

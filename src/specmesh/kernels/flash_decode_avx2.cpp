@@ -104,15 +104,15 @@ struct Q8Rows {
 };
 
 // Widens values [first, first + width) of the key rows of keys t0 .. t0 + 8 (keys past the
-// last repeat key t0) into kt: value x of key u at kt[(x / 4) * 32 + 4 u + x % 4]. Two keys at
-// a time, their eight-value pieces swapped by 128-bit halves.
+// last read the last key's row again: PartialJob::row_off's padding) into kt: value x of key u
+// at kt[(x / 4) * 32 + 4 u + x % 4]. Two keys at a time, their eight-value pieces swapped by
+// 128-bit halves.
 template <class E>
 inline void key_block(const PartialJob& j, size_t t0, size_t first, size_t width, float* kt) {
   const char* const k_base = static_cast<const char*>(j.kv->k);
   for (size_t g = 0; g < 4; ++g) {
-    const size_t a = t0 + 2 * g < j.count ? t0 + 2 * g : t0, b = t0 + 2 * g + 1 < j.count ? t0 + 2 * g + 1 : t0;
-    const typename E::Ptr ra = E::at(k_base + j.row_off[a], first);
-    const typename E::Ptr rb = E::at(k_base + j.row_off[b], first);
+    const typename E::Ptr ra = E::at(k_base + j.row_off[t0 + 2 * g], first);
+    const typename E::Ptr rb = E::at(k_base + j.row_off[t0 + 2 * g + 1], first);
     for (size_t c = 0; c < width / 8; ++c) {
       const __m256 x0 = E::load8(ra, int(c)), x1 = E::load8(rb, int(c));
       _mm256_storeu_ps(kt + 64 * c + 8 * g, _mm256_permute2f128_ps(x0, x1, 0x20));
@@ -244,12 +244,12 @@ inline Q8Query quantize_queries(const PartialJob& j) {
   return {q8, d};
 }
 
-// Keys t0 .. t0 + 8 (past the last, key t0 again), the Q8_0 block at value `value` of each row:
+// Keys t0 .. t0 + 8 (past the last, the last again), the Q8_0 block at value `value` of each row:
 // k[c] lane l holds bytes 4c .. 4c + 4 of key l; dk lane l its scale.
 [[gnu::always_inline]] inline void q8_key_block(const PartialJob& j, size_t t0, size_t value, __m256i k[8], __m256& dk) {
   const char* const k_base = static_cast<const char*>(j.kv->k);
   const block_q8_0* r[8];
-  for (size_t u = 0; u < 8; ++u) r[u] = Q8Rows::at(k_base + j.row_off[t0 + u < j.count ? t0 + u : t0], value).block;
+  for (size_t u = 0; u < 8; ++u) r[u] = Q8Rows::at(k_base + j.row_off[t0 + u], value).block;
   // Per group of four keys, 4 x 4 dword transposes within each 128-bit half: b[4g + c] holds
   // dword c (low half) and 4 + c (high half) of keys 4g .. 4g + 4.
   __m256i b[8];

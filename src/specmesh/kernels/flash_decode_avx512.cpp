@@ -156,17 +156,15 @@ inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size
 }
 
 // Widens values [first, first + width) of the key rows of keys t0 .. t0 + 16 (keys past the
-// last repeat key t0) into kt: value x of key u at kt[(x / 4) * 64 + 4 u + x % 4]. Four keys
-// at a time, their sixteen-value pieces transposed by 128-bit lanes in registers.
+// last read the last key's row again: PartialJob::row_off's padding) into kt: value x of key u
+// at kt[(x / 4) * 64 + 4 u + x % 4]. Four keys at a time, their sixteen-value pieces
+// transposed by 128-bit lanes in registers.
 template <class E>
 inline void key_block(const PartialJob& j, size_t t0, size_t first, size_t width, float* kt) {
   const char* kb = static_cast<const char*>(j.kv->k) + E::bytes(first);
   for (size_t g = 0; g < 4; ++g) {
     typename E::Ptr row[4];
-    for (size_t u = 0; u < 4; ++u) {
-      const size_t t = t0 + 4 * g + u < j.count ? t0 + 4 * g + u : t0;
-      row[u] = reinterpret_cast<typename E::Ptr>(kb + j.row_off[t]);
-    }
+    for (size_t u = 0; u < 4; ++u) row[u] = reinterpret_cast<typename E::Ptr>(kb + j.row_off[t0 + 4 * g + u]);
     for (size_t c = 0; c < width / 16; ++c) {
       const __m512 x0 = E::load16(row[0], int(c)), x1 = E::load16(row[1], int(c));
       const __m512 x2 = E::load16(row[2], int(c)), x3 = E::load16(row[3], int(c));
@@ -194,10 +192,7 @@ inline void key_block<F16Rows>(const PartialJob& j, size_t t0, size_t first, siz
   const __m512i hi_idx = _mm512_setr_epi64(2, 6, 10, 14, 3, 7, 11, 15);
   for (size_t g = 0; g < 4; ++g) {
     const uint16_t* row[4];
-    for (size_t u = 0; u < 4; ++u) {
-      const size_t t = t0 + 4 * g + u < j.count ? t0 + 4 * g + u : t0;
-      row[u] = reinterpret_cast<const uint16_t*>(kb + j.row_off[t]);
-    }
+    for (size_t u = 0; u < 4; ++u) row[u] = reinterpret_cast<const uint16_t*>(kb + j.row_off[t0 + 4 * g + u]);
     for (size_t c = 0; c < width / 16; ++c) {
       auto ld = [&](int u) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[u] + 16 * c)); };
       const __m512i z01 = _mm512_inserti64x4(_mm512_castsi256_si512(ld(0)), ld(1), 1);
@@ -332,7 +327,7 @@ inline Q8Query quantize_queries(const PartialJob& j) {
   return {q8, d, bias};
 }
 
-// Keys t0 .. t0 + 16 (past the last, key t0 again), the Q8_0 block at value `value` of each
+// Keys t0 .. t0 + 16 (past the last, the last again), the Q8_0 block at value `value` of each
 // row: k[c] lane l holds bytes 4c .. 4c + 4 of key kQ8Lanes[l], plus 128; dk lane l its scale.
 constexpr int32_t kQ8Lanes[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
 
@@ -340,10 +335,7 @@ constexpr int32_t kQ8Lanes[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 
                                                 __m512& dk) {
   const char* kb = static_cast<const char*>(j.kv->k) + Q8Rows::bytes(value);
   const block_q8_0* r[16];
-  for (size_t u = 0; u < 16; ++u) {
-    const size_t t = t0 + u < j.count ? t0 + u : t0;
-    r[u] = reinterpret_cast<const block_q8_0*>(kb + j.row_off[t]);
-  }
+  for (size_t u = 0; u < 16; ++u) r[u] = reinterpret_cast<const block_q8_0*>(kb + j.row_off[t0 + u]);
   // y[u]: key u's eight dwords, then key u + 8's.
   __m512i y[8];
   for (int u = 0; u < 8; ++u)
