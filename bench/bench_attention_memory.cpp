@@ -39,10 +39,6 @@ struct Options {
 constexpr HeadShape kShape{32, 4, 64};
 constexpr size_t kCachedCells = 1024;
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -96,21 +92,17 @@ int main(int argc, char** argv) {
     for (int l = 0; l < o.layers; ++l)
       flash_decode(q.data(), kShape, scale, KvRows{k[size_t(l)].data(), v[size_t(l)].data(), stride, type}, c.data(),
                    o.keys, out.data(), {}, &pool);
-    return seconds_since(t0) / o.layers;
+    return bench::seconds_since(t0) / o.layers;
   };
   std::vector<uint64_t> sums(size_t(o.threads) * 8);  // a cache line per thread
   auto read = [&] {
-    const size_t words = layer_bytes / 8, per = words / size_t(o.threads) / 32 * 32;
     const auto t0 = std::chrono::steady_clock::now();
     for (int l = 0; l < o.layers; ++l)
-      pool.run([&](int ith, int) {
-        for (const AlignedBuffer* b : {&k[size_t(l)], &v[size_t(l)]}) {
-          const auto* w = reinterpret_cast<const uint64_t*>(b->data());
-          const size_t end = ith + 1 == o.threads ? words : per * size_t(ith + 1);
-          sums[size_t(ith) * 8] += bench::read_sum(w, per * size_t(ith), end);
-        }
+      pool.run([&](int ith, int nth) {
+        for (const AlignedBuffer* b : {&k[size_t(l)], &v[size_t(l)]})
+          sums[size_t(ith) * 8] += bench::read_share(reinterpret_cast<const uint64_t*>(b->data()), layer_bytes / 8, ith, nth);
       });
-    return seconds_since(t0) / o.layers;
+    return bench::seconds_since(t0) / o.layers;
   };
 
   attend(cells);  // first touches and the pool's scratch

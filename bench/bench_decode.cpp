@@ -86,8 +86,6 @@ DType parse_type(const std::string& s) {
   throw std::invalid_argument("--types: unknown type '" + s + "' (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)");
 }
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
 // User + system CPU seconds of the whole process.
 double cpu_seconds() {
   rusage u{};
@@ -181,7 +179,7 @@ double peak_rate(ThreadPool& pool, uint64_t (*loop)()) {
     std::vector<uint64_t> ops(pool.size() * 8);
     const auto t0 = Clock::now();
     pool.run([&](int ith, int) { ops[ith * 8] = loop(); });
-    const double sec = seconds_since(t0);
+    const double sec = bench::seconds_since(t0);
     uint64_t total = 0;
     for (uint64_t o : ops) total += o;
     best = std::max(best, total / sec / 1e9);
@@ -364,7 +362,7 @@ int main(int argc, char** argv) {
           ctx.kv().clear();
           const auto t0 = Clock::now();
           prefill(ctx, prompt, 0, n_batch);
-          return n / seconds_since(t0);
+          return n / bench::seconds_since(t0);
         });
         print_row(tname.c_str(), th, "prefill " + std::to_string(n), isas, tps, peak * 1e9 / ops_per_token,
                   peak_name, ops_per_token);
@@ -381,7 +379,7 @@ int main(int argc, char** argv) {
             ctx.kv().place(fill);
             const auto t0 = Clock::now();
             for (int i = 0; i < n_tokens; ++i) prefill(ctx, {1 + i}, depth + i, 1);
-            return n_tokens / seconds_since(t0);
+            return n_tokens / bench::seconds_since(t0);
           }, &pool, &row_bw);
           const double bytes = weight_bytes + kv_bytes(hp, depth + n_tokens / 2.0, kv_type);
           print_row(tname.c_str(), th, "decode @" + std::to_string(depth) + " " + kv_type_name(kv_type), isas, tps,

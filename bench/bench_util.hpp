@@ -1,5 +1,5 @@
-// Helpers the benchmarks share: thread pools kept across benchmark runs, medians, and the
-// machine's streaming read bandwidth (what rooflines are drawn from).
+// Helpers the benchmarks share: thread pools kept across benchmark runs, medians, wall-clock
+// seconds, and the machine's streaming read bandwidth (what rooflines are drawn from).
 #pragma once
 
 #include <immintrin.h>
@@ -31,6 +31,11 @@ inline ThreadPool& pool(int n) {
 inline double median(std::vector<double> x) {
   std::sort(x.begin(), x.end());
   return x[x.size() / 2];
+}
+
+// Wall-clock seconds since t0.
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // The sum of buf[b, e) with 256-bit loads, eight in flight (e - b a multiple of 32): on the
@@ -74,6 +79,13 @@ inline uint64_t read_sum(const uint64_t* buf, size_t b, size_t e) {
   return s + a0 + a1 + a2 + a3;
 }
 
+// The sum of thread ith's share of buf[0, words) when nth threads read it: contiguous shares
+// of a multiple of the 32 words read_sum takes at a time, the last one to the end.
+inline uint64_t read_share(const uint64_t* buf, size_t words, int ith, int nth) {
+  const size_t per = words / size_t(nth) / 32 * 32;
+  return read_sum(buf, per * size_t(ith), ith + 1 == nth ? words : per * size_t(ith + 1));
+}
+
 // Streaming read bandwidth (GB/s) over a buffer much larger than the caches, like the
 // read-only part of STREAM: each thread sums its own contiguous share, the best of `reps`.
 inline double read_bandwidth(ThreadPool& pool, size_t bytes, int reps = 5) {
@@ -86,18 +98,17 @@ inline double read_bandwidth(ThreadPool& pool, size_t bytes, int reps = 5) {
     std::fill_n(reinterpret_cast<uint64_t*>(mem.data()), bytes / 8, uint64_t(1));
   }
   const uint64_t* buf = reinterpret_cast<const uint64_t*>(mem.data());
-  // Each thread's share: a multiple of the 32 words read_sum takes at a time.
-  const size_t per = bytes / 8 / size_t(pool.size()) / 32 * 32;
+  const size_t words = bytes / 8;
   double best = 0;
   std::vector<uint64_t> partial(pool.size() * 8);  // a cache line per thread
   for (int rep = 0; rep < reps; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
-    pool.run([&](int ith, int) { partial[ith * 8] = read_sum(buf, per * ith, per * (ith + 1)); });
-    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    pool.run([&](int ith, int nth) { partial[ith * 8] = read_share(buf, words, ith, nth); });
+    const double sec = seconds_since(t0);
     uint64_t check = 0;
     for (uint64_t p : partial) check += p;
     if (check == 0) std::fprintf(stderr, "impossible\n");  // keeps the loads alive
-    best = std::max(best, double(per * size_t(pool.size())) * 8.0 / sec / 1e9);
+    best = std::max(best, double(words) * 8.0 / sec / 1e9);
   }
   return best;
 }
