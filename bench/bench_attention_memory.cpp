@@ -7,6 +7,9 @@
 //   read      each thread summing its share of the same layers' key and value rows, as fast as
 //             this CPU streams (bench_util's read_sum): the memory floor of `memory`
 //
+// and memory and cached again without the asks for the next partial's rows (FlashLayout::
+// ask_ahead off): what the asks give from memory, and what they cost in cache.
+//
 // If the attention were bound by its arithmetic, memory would sit near cached; if by memory,
 // near read. The ratios memory / max(cached, read) and memory / (cached + read) show how far
 // the two overlap. The shape is a TinyLlama layer (32 query heads, 4 KV heads of 64).
@@ -87,11 +90,13 @@ int main(int argc, char** argv) {
   const float scale = 1.0f / std::sqrt(float(kShape.head_dim));
   ThreadPool& pool = bench::pool(o.threads);
 
-  auto attend = [&](const std::vector<int32_t>& c) {
+  auto attend = [&](const std::vector<int32_t>& c, bool asks = true) {
+    FlashLayout layout;
+    layout.ask_ahead = asks;
     const auto t0 = std::chrono::steady_clock::now();
     for (int l = 0; l < o.layers; ++l)
       flash_decode(q.data(), kShape, scale, KvRows{k[size_t(l)].data(), v[size_t(l)].data(), stride, type}, c.data(),
-                   o.keys, out.data(), {}, &pool);
+                   o.keys, out.data(), layout, &pool);
     return bench::seconds_since(t0) / o.layers;
   };
   std::vector<uint64_t> sums(size_t(o.threads) * 8);  // a cache line per thread
@@ -106,14 +111,19 @@ int main(int argc, char** argv) {
   };
 
   attend(cells);  // first touches and the pool's scratch
-  std::vector<double> mem, cache, rd, over_max, over_sum;
+  std::vector<double> mem, cache, rd, mem_quiet, cache_quiet, over_max, over_sum, gain, cost;
   for (int r = 0; r < o.rounds; ++r) {
     const double a = attend(cells), b = attend(cached), c = read();
+    const double d = attend(cells, false), e = attend(cached, false);
     mem.push_back(a);
     cache.push_back(b);
     rd.push_back(c);
+    mem_quiet.push_back(d);
+    cache_quiet.push_back(e);
     over_max.push_back(a / std::max(b, c));
     over_sum.push_back(a / (b + c));
+    gain.push_back(a / d);
+    cost.push_back(b / e);
   }
   if (std::accumulate(sums.begin(), sums.end(), uint64_t(0)) == 0) std::fprintf(stderr, "impossible\n");
 
@@ -123,7 +133,11 @@ int main(int argc, char** argv) {
               2.0 * double(layer_bytes) / bench::median(mem) / 1e9);
   std::printf("  cached  %8.3f ms\n", 1e3 * bench::median(cache));
   std::printf("  read    %8.3f ms   (%.1f GB/s)\n", 1e3 * read_s, 2.0 * double(layer_bytes) / read_s / 1e9);
+  std::printf("  without the asks for the next partial's rows: memory %.3f ms, cached %.3f ms\n",
+              1e3 * bench::median(mem_quiet), 1e3 * bench::median(cache_quiet));
   std::printf("memory / max(cached, read): %.2f   memory / (cached + read): %.2f   memory / read: %.2f\n",
               bench::median(over_max), bench::median(over_sum), bench::median(mem) / read_s);
+  std::printf("asks: memory with / without %.2f   cached with / without %.2f\n", bench::median(gain),
+              bench::median(cost));
   return 0;
 }

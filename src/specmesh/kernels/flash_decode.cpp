@@ -171,7 +171,7 @@ void decode_heads(const float* q, int n_q, int group, const KvRows& kv, size_t k
   auto compute = [&](auto slot_of, size_t i, size_t then) {
     size_t b, e, nb = 0, ne = 0;
     plan.slot_keys(slot_of(i), b, e);
-    if (then != kNoSlot) plan.slot_keys(slot_of(then), nb, ne);
+    if (then != kNoSlot && layout.ask_ahead) plan.slot_keys(slot_of(then), nb, ne);
     flash_partial(q, n_q, group, n_q / group, kv, kv_off, scale, cells + b, e - b, parts, slot_of(i), 0, cells + nb,
                   ne - nb, queries);
   };
@@ -372,7 +372,7 @@ void flash_decode_rows(const float* q, const HeadShape& hs, float scale, const K
       const int32_t *c, *nc = nullptr;
       size_t b, e, nb = 0, ne = 0;
       item_keys(i, c, b, e);
-      if (then != kNoSlot) item_keys(then, nc, nb, ne);
+      if (then != kNoSlot && layout.ask_ahead) item_keys(then, nc, nb, ne);
       if (i < shared) {
         flash_partial(qg, n_q, group, hs.n_head_kv, kv, 0, scale, c + b, e - b, parts, i == 0 ? 0 : i + 2, 0,
                       nc + nb, ne - nb, queries);

@@ -45,6 +45,9 @@ struct FlashLayout {
   size_t spec_len = 128;  // S: sink length and window length
   size_t chunk = 128;     // length of a middle chunk
   size_t tile = 32;       // the window ends at n rounded up to this
+  // Each thread asks for the rows of its next partial while it computes one (off only to
+  // measure what the asks give and cost: bench_attention_memory).
+  bool ask_ahead = true;
 };
 
 // Key ranges of one decode step, as indices into the cell list.
