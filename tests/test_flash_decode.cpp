@@ -456,6 +456,28 @@ std::vector<std::string> int8_isas() {
   return v;
 }
 
+// The asks for the rows a thread reads next are hints: with them or without, in cells in order
+// (each middle chunk's rows one range of bytes, asked for in halves) or shuffled (row by row),
+// on every path and stored type, the bits are the same.
+TEST_F(FlashDecodeTest, AsksForTheNextRowsChangeNoBit) {
+  ThreadPool two(2);
+  for (const std::string& isa : isas()) {
+    use(isa);
+    for (DType type : {DType::F32, DType::F16, DType::Q8_0})
+      for (const bool in_order : {true, false}) {
+        Problem p = make_problem(HeadShape{32, 4, 64}, 1500, 17);
+        if (in_order) std::sort(p.cells.begin(), p.cells.end());
+        const Stored st = store(p, type);
+        FlashLayout quiet;
+        quiet.ask_ahead = false;
+        std::vector<float> asked(p.q.size()), not_asked(p.q.size());
+        flash_decode(p.q.data(), p.hs, p.scale, st.rows(), p.cells.data(), p.n, asked.data(), FlashLayout{}, &two);
+        flash_decode(p.q.data(), p.hs, p.scale, st.rows(), p.cells.data(), p.n, not_asked.data(), quiet, &two);
+        EXPECT_TRUE(same_bits(asked, not_asked)) << isa << " " << kv_type_name(type) << (in_order ? " in order" : "");
+      }
+  }
+}
+
 // Rows stored as F16 or Q8_0 give, on every path and thread count, the bits the same kernel
 // gives F32 rows holding their widened values (every path reads them in place, widening as it
 // goes), and the widening is what kv_load gives. The exception, Q8_0 keys scored in 8 bits, has
