@@ -304,7 +304,7 @@ template <int H>
 // order of w_h[t] * v_t[off .. off + 8 N).
 // LD: the score rows' stride when it is the usual one (kScoreRows), which leaves the heads'
 // weights one register and constant offsets away; 0: read it from `ld`.
-// Every kAskEvery keys it asks for `per` lines of the next partial's rows.
+// Every kAskEvery keys it takes `per` of the next partial's asks (NextRows).
 template <int N, int H, class E, size_t LD>
 inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size_t o0, NextRows& next, size_t per) {
   const size_t ld = LD > 0 ? LD : ld_;

@@ -104,7 +104,7 @@ constexpr size_t kAhead = 16;
 // order of w_h[t] * v_t[off .. off + 16 N).
 // LD: the score rows' stride when it is the usual one (kScoreRows), which leaves the eight
 // heads' weights one register and constant offsets away; 0: read it from `ld`.
-// Every kAskEvery keys it asks for `per` lines of the next partial's rows.
+// Every kAskEvery keys it takes `per` of the next partial's asks (NextRows).
 template <int N, int H, class E, size_t LD>
 inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size_t o0, NextRows& next, size_t per) {
   static_assert(kAhead <= kRowOffPad);

@@ -124,9 +124,9 @@ NextRows next_rows(const PartialJob& j) {
           E::bytes(j.span_hi + j.kv_off)};
 }
 
-// How many lines of the next partial's rows each ask takes: half of them spread over the
-// `early` asks (the scores' head steps and the softmax's heads), half over the values passes,
-// which ask every kAskEvery keys. passes(H): the values passes a run of H heads of one KV head
+// How many of the next partial's asks (NextRows::total) each call takes: half of them spread
+// over the `early` calls (the scores' head steps and the softmax's heads), half over the values
+// passes, which call every kAskEvery keys. passes(H): the values passes a run of H heads of one KV head
 // takes.
 struct AskShares {
   size_t early, late;
@@ -142,7 +142,7 @@ AskShares ask_shares(const PartialJob& j, const NextRows& next, size_t early, Pa
   return {(half + early - 1) / early, (next.total() - half + late - 1) / late};
 }
 
-// key(t) for t = 0 .. count in order, asking for `per` lines of the next partial's rows before
+// key(t) for t = 0 .. count in order, taking `per` of the next partial's asks (NextRows) before
 // every kAskEvery keys: one ask and one loop test for all of them. Testing per key whether an
 // ask was due (and reloading what the test needs) made the values pass a quarter slower on a Zen
 // 3 (136 against 180 TSC ticks per key for 32 heads over one 128-key partial) and the AVX-512
