@@ -104,8 +104,10 @@ int main(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int l = 0; l < o.layers; ++l)
       pool.run([&](int ith, int nth) {
-        for (const AlignedBuffer* b : {&k[size_t(l)], &v[size_t(l)]})
-          sums[size_t(ith) * 8] += bench::read_share(reinterpret_cast<const uint64_t*>(b->data()), layer_bytes / 8, ith, nth);
+        for (const AlignedBuffer* b : {&k[size_t(l)], &v[size_t(l)]}) {
+          const auto* words = reinterpret_cast<const uint64_t*>(b->data());
+          sums[size_t(ith) * 8] += bench::read_share(words, layer_bytes / 8, ith, nth);
+        }
       });
     return bench::seconds_since(t0) / o.layers;
   };

@@ -126,8 +126,8 @@ NextRows next_rows(const PartialJob& j) {
 
 // How many of the next partial's asks (NextRows::total) each call takes: half of them spread
 // over the `early` calls (the scores' head steps and the softmax's heads), half over the values
-// passes, which call every kAskEvery keys. passes(H): the values passes a run of H heads of one KV head
-// takes.
+// passes, which call every kAskEvery keys. passes(H): the values passes a run of H heads of one
+// KV head takes.
 struct AskShares {
   size_t early, late;
 };
