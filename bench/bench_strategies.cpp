@@ -78,12 +78,21 @@ struct Measured {
 // grid before, so n_draft goes to 12 and p_accept to 0 (draft the whole chain). pipeinfer's
 // branches (1: a chain, 3: the artifact's -np 3, 5) and the probability a candidate needs to
 // become one are part of its grid; max_runs 4 is not (never the best point on any pair), nor
-// are micro-batches of 12 or 16 (never better than 8 on the two strongest pairs).
+// are micro-batches of 12 or 16 (never better than 8 on the two strongest pairs). plain_runs
+// off (the corrected token rides the next speculative run) is part of it: it gains most where
+// the draft fills a micro-batch faster than a target stage takes a run (README).
 // spec's trees are not: none of 1,1,3,1 / 2,2,1,1,1,1 / 1,3,1,1,1,1,1,1 beat its best chain
 // on any pair (0.78-0.97x; README), since the draft grows a tree level by level.
 const std::map<std::string, std::vector<double>> kTuneGrid = {
     {"n_draft", {2, 4, 6, 8, 10, 12}}, {"p_accept", {0.0, 0.1, 0.3, 0.5}}, {"max_runs", {8}},
-    {"max_micro_batch", {4, 8}},      {"n_parallel", {1, 3, 5}},          {"p_split", {0.1, 0.5}}};
+    {"max_micro_batch", {4, 8}},      {"n_parallel", {1, 3, 5}},          {"p_split", {0.1, 0.5}},
+    {"plain_runs", {0, 1}}};
+
+// A grid point that differs from another only where it cannot matter: p_split without branches.
+bool redundant(const std::map<std::string, double>& pt) {
+  const auto np = pt.find("n_parallel"), ps = pt.find("p_split");
+  return np != pt.end() && np->second == 1 && ps != pt.end() && ps->second != kTuneGrid.at("p_split").front();
+}
 
 std::string write_topology(const Options& o, const std::string& target, int n_layer, const std::string& draft,
                            const StrategyInfo& strategy, const Variant& variant) {
@@ -313,6 +322,7 @@ int main(int argc, char** argv) {
             }
           points = std::move(next);
         }
+        std::erase_if(points, redundant);
         if (points.front().empty()) continue;  // the grid has none of its parameters: nothing to tune
         Variant d = variant;
         d.defaults = true;

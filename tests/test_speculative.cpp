@@ -136,6 +136,8 @@ TEST(Lossless, PipeInferSingleProcessWithAndWithoutCancellation) {
   expect_lossless("pipeinfer", "inproc", 3, "cancel = 0\np_accept = 0.2");
   expect_lossless("pipeinfer", "inproc", 3, "adaptive = true");
   expect_lossless("pipeinfer", "inproc", 2, "adaptive = true\nn_parallel = 3\np_split = 0.05");
+  expect_lossless("pipeinfer", "inproc", 3, "plain_runs = false\np_accept = 0.2");
+  expect_lossless("pipeinfer", "inproc", 2, "plain_runs = false\ncancel = 0\nn_parallel = 3\np_split = 0.05");
 }
 
 TEST(Lossless, PipeInferTreesInProcessAndOverThreeProcesses) {
@@ -151,6 +153,7 @@ TEST(Lossless, SpecAndPipeInferOverThreeProcesses) {
   expect_lossless("pipeinfer", "ipc", 3, "cancel = 1");
   expect_lossless("pipeinfer", "ipc", 3, "cancel = 0");
   expect_lossless("pipeinfer", "ipc", 3, "adaptive = true");
+  expect_lossless("pipeinfer", "ipc", 3, "plain_runs = false");
 }
 
 // `draft = "m"` with `model = "m"`: one model entry serves both roles, each with a pipeline
@@ -300,12 +303,13 @@ TEST(Stochastic, TreeSpecTokenFrequenciesMatchAutoregression) {
 
 // PipeInfer at temperature > 0 samples each token from the target row that carries the accepted
 // path and goes on only where a speculative row holds the sampled token: lossless by
-// construction, with one branch and with three.
+// construction, with one branch and with three, and with corrected tokens left to the next
+// speculative run (no plain runs).
 TEST(Stochastic, PipeInferTokenFrequenciesMatchAutoregression) {
   SPECMESH_REQUIRE_REFDATA();
   const int runs = 600, n = 4;
   auto ar = sample_counts("ar", runs, n);
-  for (const std::string extra : {"", "n_parallel = 3\np_split = 0.05"}) {
+  for (const std::string extra : {"", "n_parallel = 3\np_split = 0.05", "plain_runs = false"}) {
     auto pipe = sample_counts("pipeinfer", runs, n, extra);
     for (int k = 0; k < n; ++k) {
       auto [chi2, dof] = homogeneity(ar[k], pipe[k]);

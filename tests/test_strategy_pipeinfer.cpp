@@ -60,6 +60,11 @@ int target_in_flight(const FakeHost& h) {
   return n;
 }
 
+bool draft_in_flight(const FakeHost& h) {
+  const auto runs = h.launches(kDraft);
+  return std::any_of(runs.begin(), runs.end(), [](const LaunchRecord* r) { return r->in_flight(); });
+}
+
 // Whether an in-flight target run feeds the newest accepted token, and how.
 enum class Carrier { none, non_speculative, speculative };
 Carrier newest_token_carrier(const FakeHost& h) {
@@ -176,6 +181,35 @@ TEST(StrategyPipeInfer, PipeInferLetsAValidSpeculativeRunCarryTheNewestToken) {
       << "only the prompt ran non-speculatively";
   h.run_to_end(FakeHost::oldest_first());
   EXPECT_EQ(h.generated(), greedy_continuation(kPrompt, kTarget, 16));
+  EXPECT_TRUE(h.errors().empty()) << h.errors().front();
+}
+
+TEST(StrategyPipeInfer, PipeInferWithoutPlainRunsLeavesTheCorrectedTokenToTheNextSpeculativeRun) {
+  // As in PipeInferCancelsRunsBuiltOnARejectedToken, the draft is wrong about the second token
+  // after the prompt; without plain runs the corrected token waits for the next micro-batch and
+  // is its first row, with the cells of the tokens before it borrowed from sequence 0.
+  FakeHost h = make_host(greedy_oracle(kVocab, disagree_at(kTarget, {L + 1}, kVocab)), 16);
+  h.start("pipeinfer", {{"max_micro_batch", 2}, {"max_runs", 4}, {"p_accept", 0}, {"p_recovery", 0}, {"plain_runs", 0}});
+  draft_all(h);
+  const auto greedy = greedy_continuation(kPrompt, kTarget, 16);
+  h.settle_next(kTargetRole);  // the prompt
+  h.settle_next(kTargetRole);  // the first micro-batch: greedy[1] rejects its second token
+  const size_t launched = h.launches(kTargetRole).size();
+  EXPECT_EQ(newest_token_carrier(h), Carrier::none);
+  draft_all(h);
+  const auto target = h.launches(kTargetRole);
+  ASSERT_GT(target.size(), launched);
+  const LaunchRecord& next = *target[launched];
+  EXPECT_TRUE(next.speculative);
+  ASSERT_EQ(next.batch.size(), 2u);  // the corrected token and one drafted after it
+  EXPECT_EQ(next.batch.tokens[0], greedy[1]);
+  EXPECT_EQ(next.batch.pos[0], L + 1);
+  EXPECT_EQ(next.batch.tokens[1], greedy[2]);
+  EXPECT_EQ(newest_token_carrier(h), Carrier::speculative);
+  // Only the prompt ran non-speculatively.
+  EXPECT_EQ(std::count_if(target.begin(), target.end(), [](auto* r) { return !r->speculative; }), 1);
+  h.run_to_end(FakeHost::oldest_first());
+  EXPECT_EQ(h.generated(), greedy);
   EXPECT_TRUE(h.errors().empty()) << h.errors().front();
 }
 
@@ -461,10 +495,12 @@ TEST(StrategyPipeInfer, PipeInferMatchesGreedyAndKeepsItsInvariantsInAnyDelivery
     // Half the trials in adaptive mode, whose micro-batch and cutoff follow the (real-clock)
     // latencies of this host: whatever it chooses, the invariants hold.
     const bool adaptive = trial % 8 >= 4;
+    // Every other trial leaves a corrected token to the next speculative run (no plain runs).
+    const bool plain_runs = trial % 32 < 16;
     SCOPED_TRACE("trial " + std::to_string(trial) + ": cancel " + std::to_string(cancel) + ", too late " +
                  std::to_string(too_late) + ", max_micro_batch " + std::to_string(mb) + ", max_runs " +
                  std::to_string(max_runs) + ", n_parallel " + std::to_string(n_parallel) + ", adaptive " +
-                 std::to_string(adaptive));
+                 std::to_string(adaptive) + ", plain runs " + std::to_string(plain_runs));
     const NextToken top = disagree_at(kTarget, wrong, kVocab);
     FakeHost h = make_host(n_parallel == 1 ? greedy_oracle(kVocab, top, conf) : two_peaks(top, conf, 0.8f * (1 - conf)), n,
                            too_late);
@@ -475,11 +511,13 @@ TEST(StrategyPipeInfer, PipeInferMatchesGreedyAndKeepsItsInvariantsInAnyDelivery
                                 : trial % 5 == 2 ? FakeHost::shuffled(rng())
                                                  : FakeHost::favour(kDraft, trial % 5 == 3 ? 0.8 : 0.95, rng());
     h.start("pipeinfer", {{"max_micro_batch", mb}, {"max_runs", max_runs}, {"cancel", cancel}, {"n_parallel", n_parallel},
-                          {"p_split", p_split}, {"adaptive", adaptive}});
+                          {"p_split", p_split}, {"adaptive", adaptive}, {"plain_runs", plain_runs}});
     bool ok = true;
     h.run_to_end(pick, [&] {
       if (!ok || h.done()) return;
-      ok = newest_token_carrier(h) != Carrier::none;
+      // Without plain runs the newest token may wait for the draft run in flight (the round
+      // whose micro-batch will carry it), and only for that.
+      ok = newest_token_carrier(h) != Carrier::none || (!plain_runs && draft_in_flight(h));
       EXPECT_TRUE(ok) << "nothing in flight feeds the newest accepted token";
       EXPECT_LE(target_in_flight(h), max_runs);
       if (!cancel) return;

@@ -3,7 +3,10 @@
 // The newest accepted token is always in a target run in flight: a non-speculative run of it
 // (which writes straight into the canonical sequence 0 and always completes), unless a
 // speculative run already carries it on a path the accepted tokens agree with, whose logits
-// then serve just as well. Whenever fewer than max_runs target runs are in flight, the head
+// then serve just as well. With plain_runs off the token corrected by a rejection waits for
+// the draft's next micro-batch and goes as that run's first row: a run of its own holds the
+// first stage for a whole run's time, and a draft that fills a micro-batch sooner than that
+// would have its run wait behind it. Whenever fewer than max_runs target runs are in flight, the head
 // asks the draft for a micro-batch of 1 to max_micro_batch tokens per speculative branch (as
 // many as clear the confidence cutoff, at least one: an idle pipeline is the worst use of it)
 // and launches them together as one speculative run. Logits come back in launch order;
@@ -340,27 +343,32 @@ class PipeInfer final : public Strategy {
     if (!ops.empty()) c_.kv_ops(target(), std::move(ops));
 
     // Who holds the cells of every accepted token: the canonical sequence, or a branch whose
-    // run in flight carries the newest one. Nobody: a non-speculative run of it.
+    // run in flight carries the newest one. Nobody: a non-speculative run of it or, without
+    // plain_runs, the next speculative run, whose first row it becomes (the canonical sequence
+    // holds the tokens before it: verify() made their cells canonical). With max_runs in
+    // flight (runs left to finish without cancel) no round could start: it runs alone then.
     int src = canon_len_ >= n ? 0 : -1;
     for (const Branch& b : branches_)
       if (src < 0 && b.launched >= n) src = b.seq;
-    if (src < 0) {
+    if (branches_.empty() && !free_.empty()) {
+      branches_.push_back(new_branch(c_.tokens()));
+      draft_ops.push_back({KvOpKind::copy, 0, branches_.back().seq, 0, draft_canon_});
+      branches_.back().drafted = draft_canon_;
+    }
+    const bool defer = src < 0 && !plain_runs_ && canon_len_ >= n - 1 && !branches_.empty() && room_for_run();
+    if (src < 0 && !defer) {
       Batch batch;
       batch.add(c_.tokens()[size_t(n) - 1], n - 1, seq_bit(0), true);
       inflight_.push_back(plain(c_.launch(target(), batch, false)));
       canon_len_ = n;
       src = 0;
     }
-    if (branches_.empty() && !free_.empty()) {
-      branches_.push_back(new_branch(c_.tokens()));
-      draft_ops.push_back({KvOpKind::copy, 0, branches_.back().seq, 0, draft_canon_});
-      branches_.back().drafted = draft_canon_;
-    }
     if (!draft_ops.empty()) c_.kv_ops(draft(), std::move(draft_ops));
+    const int32_t upto = defer ? n - 1 : n;
     for (Branch& b : branches_) {
-      if (b.launched >= n) continue;
-      ops.push_back({KvOpKind::copy, src, b.seq, b.launched, n});
-      b.launched = n;
+      if (b.launched >= upto) continue;
+      ops.push_back({KvOpKind::copy, defer ? 0 : src, b.seq, b.launched, upto});
+      b.launched = upto;
     }
     if (!ops.empty()) c_.kv_ops(target(), std::move(ops));
   }
@@ -392,15 +400,18 @@ class PipeInfer final : public Strategy {
     // for branches that may live on (on_draft keeps them): wait for it rather than feed the
     // draft the same tokens again behind it.
     if (c_.done() || drafting_ || awaited_run_ != 0 || branches_.empty()) return;
-    const Branch& main = branches_.front();
-    size_t tokens = 0;
-    for (const RunInfo& r : inflight_) tokens += r.rows.size();
     // Near the end of the context every branch may be launched to its last position.
     const bool more =
         std::any_of(branches_.begin(), branches_.end(), [&](const Branch& b) { return pending(b) > 0 || wants_more(b); });
-    if (more && int(inflight_.size()) < max_runs_ && main.launched - accepted() < max_runs_ * micro() &&
-        tokens < size_t(max_runs_) * size_t(micro()))
-      start_round();
+    if (more && room_for_run()) start_round();
+  }
+
+  // Whether the target's pipeline takes another speculative run (see pump()).
+  bool room_for_run() const {
+    size_t tokens = 0;
+    for (const RunInfo& r : inflight_) tokens += r.rows.size();
+    return int(inflight_.size()) < max_runs_ && branches_.front().launched - accepted() < max_runs_ * micro() &&
+           tokens < size_t(max_runs_) * size_t(micro());
   }
 
   // A drafting round: the draft extends every branch alive now, all in one draft run per
@@ -492,9 +503,10 @@ class PipeInfer final : public Strategy {
   void take(Branch& b, const float* row) {
     const int V = c_.vocab();
     const float conf = top_probability(row, V);
-    // Every branch launches at least one token per run, so that a branch the target takes
-    // has its continuation in flight; only the main branch's doubt loosens the cutoff.
-    const bool must = pending(b) == 0;
+    // Every branch launches at least one drafted token per run, so that a branch the target
+    // takes has its continuation in flight; only the main branch's doubt loosens the cutoff.
+    // (A pending accepted token, left to this run without plain_runs, is no draft.)
+    const bool must = int32_t(b.path.size()) == std::max(b.launched, accepted());
     if (conf < cutoff() && must && b.id == round_main_) {
       // Speculation would yield nothing and the head would idle: loosen the cutoff and
       // launch this one token anyway.
@@ -655,6 +667,7 @@ class PipeInfer final : public Strategy {
   const int n_parallel_ = c_.params().integer("n_parallel");
   const float p_split_ = c_.params().real("p_split");
   const bool adaptive_ = c_.params().flag("adaptive");
+  const bool plain_runs_ = c_.params().flag("plain_runs");
   // Adaptive mode starts from the static values (max_micro_batch, p_accept) until it has
   // measured enough to choose; it chooses micro-batches up to kAdaptiveMaxMicroBatch.
   PipeInferTuner tuner_{kAdaptiveMaxMicroBatch, max_micro_batch_, p_accept_};
@@ -682,7 +695,7 @@ class PipeInfer final : public Strategy {
 StrategyInfo strategy_info_pipeinfer() {
   StrategyInfo s;
   s.name = "pipeinfer";
-  s.summary = "PipeInfer: the newest accepted token is always in a run in flight (a non-speculative run of it, unless a valid speculative run already carries it); whenever fewer than "
+  s.summary = "PipeInfer: the newest accepted token is always in a run in flight (a non-speculative run of it, unless a valid speculative run already carries it; with `plain_runs` off the next speculative run carries it as its first row); whenever fewer than "
               "`max_runs` target runs are in flight the draft pipeline proposes a micro-batch of 1 to `max_micro_batch` tokens, launched "
               "as a speculative run in its branch's KV sequence (canonical sequence 0 holds accepted tokens); the "
               "draft's confidence cutoff rises by `p_recovery` for every further speculative run in a burst and falls by "
@@ -703,6 +716,7 @@ StrategyInfo strategy_info_pipeinfer() {
       {"cancel", ParamType::Bool, 0, 1, 1, "cancel invalid and superfluous runs early", {"--no-cancel"}},
       {"n_parallel", ParamType::Int, 1, 8, 1, "most speculative branches alive at once (1: a chain; the artifact's -np, its parallel drafting sequences)", {"--n-parallel", "--np"}},
       {"p_split", ParamType::Float, 0, 1, 0.8, "draft probability (plus the cutoff's adjustment) a non-top candidate needs to become a branch", {"--p-split", "--ps"}},
+      {"plain_runs", ParamType::Bool, 0, 1, 1, "launch the newest accepted token as a run of its own when no run in flight carries it (the paper's rule); off: it is the first row of the next speculative run, which a fast draft has ready before a run of its own would leave the first stage", {"--no-plain-runs"}},
       {"adaptive", ParamType::Bool, 0, 1, 0, "choose the micro-batch (1 to 16; max_micro_batch is where it starts) and the base cutoff online from measured acceptance and run latencies (beyond the paper; speculation/pipeinfer_tuner.hpp)", {"--adaptive"}},
   };
   s.make = [](StrategyHost& h) { return std::make_unique<PipeInfer>(h); };
