@@ -6,12 +6,12 @@
 // then serve just as well. With plain_runs off the token corrected by a rejection waits for
 // the draft's next micro-batch and goes as that run's first row: a run of its own holds the
 // first stage for a whole run's time, and a draft that fills a micro-batch sooner than that
-// would have its run wait behind it. Whenever fewer than max_runs target runs are in flight, the head
-// asks the draft for a micro-batch of 1 to max_micro_batch tokens per speculative branch (as
-// many as clear the confidence cutoff, at least one: an idle pipeline is the worst use of it)
-// and launches them together as one speculative run. Logits come back in launch order;
-// each run's rows extend the accepted tokens where their paths agree with them. Runs whose
-// every row has become invalid (a token on its path was rejected) are cancelled on the
+// would have its run wait behind it. Whenever fewer than max_runs target runs are in flight,
+// the head asks the draft for a micro-batch of 1 to max_micro_batch tokens per speculative
+// branch (as many as clear the confidence cutoff, at least one: an idle pipeline is the worst
+// use of it) and launches them together as one speculative run. Logits come back in launch
+// order; each run's rows extend the accepted tokens where their paths agree with them. Runs
+// whose every row has become invalid (a token on its path was rejected) are cancelled on the
 // priority path.
 //
 // Branches (multi-sequence speculation). Every speculative branch is a path of tokens that
