@@ -45,6 +45,9 @@ struct Options {
   std::map<std::string, double> params;  // --param: settings for every strategy that takes them
 };
 
+// The draft device's cost per layer and token of a run, beside --draft-layer-ms per run.
+constexpr double kDraftTokenMs = 0.01;
+
 // Block-drafter strategies (dflash) draft with a drafter directory trained for the target, not
 // the pair's draft: the committed drafter exists for stories-target-1M only.
 const std::string kDrafterTarget = "stories-target-1M";
@@ -70,6 +73,7 @@ struct Variant {
 struct Measured {
   double tps = 0, ttft = 0, prefill = 0, paper_ttft = 0, acceptance = 0, tokens_per_ver = 0, tree = 0, deepest = 0, cancelled = 0;
   bool lossless = true;
+  bool ran = true;  // false: a figure derived from runs (the chain bound), with no output to check
   std::vector<std::vector<int32_t>> ids;  // per prompt
 };
 
@@ -121,7 +125,8 @@ std::string write_topology(const Options& o, const std::string& target, int n_la
   const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(n);
   f << "[nodes.head]\nendpoint = \"inproc://bench-head-" << tag << "\"\nhead = true\n";
   for (int i = 0; i < o.stages; ++i) f << "[nodes.slow" << i << "]\nendpoint = \"inproc://bench-slow" << i << "-" << tag << "\"\n";
-  f << "[devices.fast]\nnode = \"head\"\nprofile = { layer_ms = " << o.draft_layer_ms << ", layer_token_ms = 0.01 }\n";
+  f << "[devices.fast]\nnode = \"head\"\nprofile = { layer_ms = " << o.draft_layer_ms << ", layer_token_ms = " << kDraftTokenMs
+    << " }\n";
   for (int i = 0; i < o.stages; ++i)
     f << "[devices.slow" << i << "]\nnode = \"slow" << i << "\"\nprofile = { layer_ms = " << o.layer_ms
       << ", layer_token_ms = " << o.token_ms << " }\n";
@@ -203,8 +208,9 @@ int main(int argc, char** argv) {
                            "stories260K/stories260K-draft-small)\n", p.c_str());
       return 2;
     }
-  std::map<std::string, int> layers;  // per target
+  std::map<std::string, int> layers;  // per model
   for (const auto& [target, draft] : pairs) {
+    layers[draft] = Model::load(o.refdata + "/gguf-models/" + draft + ".gguf")->hparams().n_layer;
     const int n = layers[target] = Model::load(o.refdata + "/gguf-models/" + target + ".gguf")->hparams().n_layer;
     if (o.stages > n) {
       std::fprintf(stderr, "--stages %d: %s has only %d layers, and each stage needs at least one\n", o.stages, target.c_str(), n);
@@ -294,12 +300,12 @@ int main(int argc, char** argv) {
       ttft[label] = m.ttft;
       std::printf("%-20s %-24s %-12s %10.2f %10.2f %8.2f %8.2f %8.2f %9.0f %10.0f %10s %s\n", target.c_str(), draft.c_str(),
                   label.c_str(), m.tps, m.ttft, m.acceptance, m.tokens_per_ver, m.tree, m.deepest, m.cancelled,
-                  m.lossless ? "yes" : "NO", note.c_str());
+                  !m.ran ? "-" : m.lossless ? "yes" : "NO", note.c_str());
       std::fflush(stdout);
       if (csv)
         std::fprintf(csv, "%s,%s,%s,%d,%g,%g,%.3f,%.3f,%.4f,%.4f,%.4f,%.0f,%.0f,%s,%.3f,%.3f\n", target.c_str(), draft.c_str(),
                      label.c_str(), o.stages, o.layer_ms, o.draft_layer_ms, m.tps, m.ttft, m.acceptance, m.tokens_per_ver,
-                     m.tree, m.deepest, m.cancelled, m.lossless ? "yes" : "no", m.prefill, m.paper_ttft);
+                     m.tree, m.deepest, m.cancelled, !m.ran ? "-" : m.lossless ? "yes" : "no", m.prefill, m.paper_ttft);
     };
     std::vector<std::string> labels;
     try {
@@ -361,6 +367,34 @@ int main(int argc, char** argv) {
                    (left_out > 0 ? ", " + std::to_string(left_out) + " left out" : std::string()) + ")");
         labels.push_back(d.label);
       }
+      if (o.tune) {
+        if (const auto spec = std::find_if(runs.begin(), runs.end(), [](const Variant& v) { return v.label == "spec"; });
+            spec != runs.end()) {
+          // The bound on any chain (one branch, pipelined or not) at temperature 0: it yields
+          // tokens in epochs, from a token the target corrected to the next draft token it
+          // rejects, the same epochs for every chain method. An epoch of j tokens takes the
+          // draft's j steps (d each) before the run holding the rejected token can leave, and
+          // that run's trip through the target (at least ar's time per token, L) before the next
+          // one begins: tokens/s <= E[j] / (E[j] d + L). spec drafting (nearly) unbounded
+          // chains measures E[j] as its tokens per verification; d is the draft device's time
+          // for a one-token run. Branches can pass the bound where they foresee a rejection.
+          Variant whole = *spec;
+          whole.params = {{"n_draft", 48}, {"p_accept", 0}};
+          whole.label = "spec@n48";
+          const Measured w = measure(whole);
+          report(whole.label, w, "(n_draft=48 p_accept=0: tokens per verification = E[j])");
+          const double d = layers.at(draft) * (o.draft_layer_ms + kDraftTokenMs), L = 1000.0 / tps.at(plain.name);
+          Measured bound;
+          bound.ran = false;
+          bound.tps = 1000.0 * w.tokens_per_ver / (w.tokens_per_ver * d + L);
+          bound.tokens_per_ver = w.tokens_per_ver;
+          char note[160];
+          std::snprintf(note, sizeof note, "(chain bound: E[j] %.2f / (E[j] x d %.2f ms + L %.2f ms); not a run)",
+                        w.tokens_per_ver, d, L);
+          report("chain-bound", bound, note);
+          labels.push_back("chain-bound");
+        }
+      }
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s\n", e.what());
       return 1;
@@ -372,8 +406,12 @@ int main(int argc, char** argv) {
       for (size_t b = 0; b < a; ++b) {
         const std::string &x = labels[a], &y = labels[b];
         char buf[160];
-        std::snprintf(buf, sizeof buf, "%s%s/%s tok/s %.2fx, ttft %.2f", line.empty() ? "" : "; ", x.c_str(), y.c_str(),
-                      tps[x] / tps[y], ttft[x] / ttft[y]);
+        if (ttft[x] > 0 && ttft[y] > 0)
+          std::snprintf(buf, sizeof buf, "%s%s/%s tok/s %.2fx, ttft %.2f", line.empty() ? "" : "; ", x.c_str(),
+                        y.c_str(), tps[x] / tps[y], ttft[x] / ttft[y]);
+        else  // the chain bound has no time to first token
+          std::snprintf(buf, sizeof buf, "%s%s/%s tok/s %.2fx", line.empty() ? "" : "; ", x.c_str(), y.c_str(),
+                        tps[x] / tps[y]);
         line += buf;
       }
     std::printf("%-20s %-24s %s\n", "", "", line.c_str());
