@@ -368,8 +368,11 @@ int main(int argc, char** argv) {
         labels.push_back(d.label);
       }
       if (o.tune) {
-        if (const auto spec = std::find_if(runs.begin(), runs.end(), [](const Variant& v) { return v.label == "spec"; });
-            spec != runs.end()) {
+        // The strategy that drafts chains of n_draft tokens (spec), on its own row.
+        const auto chains = [](const Variant& v) {
+          return v.info->param("n_draft") && v.tree.empty() && !v.parallel && v.params.empty();
+        };
+        if (const auto spec = std::find_if(runs.begin(), runs.end(), chains); spec != runs.end()) {
           // The bound on any chain (one branch, pipelined or not) at temperature 0: it yields
           // tokens in epochs, from a token the target corrected to the next draft token it
           // rejects, the same epochs for every chain method. An epoch of j tokens takes the
@@ -380,7 +383,7 @@ int main(int argc, char** argv) {
           // for a one-token run. Branches can pass the bound where they foresee a rejection.
           Variant whole = *spec;
           whole.params = {{"n_draft", 48}, {"p_accept", 0}};
-          whole.label = "spec@n48";
+          whole.label = spec->label + "@n48";
           const Measured w = measure(whole);
           report(whole.label, w, "(n_draft=48 p_accept=0: tokens per verification = E[j])");
           const double d = layers.at(draft) * (o.draft_layer_ms + kDraftTokenMs), L = 1000.0 / tps.at(plain.name);
