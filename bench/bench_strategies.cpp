@@ -165,7 +165,8 @@ int main(int argc, char** argv) {
   app.add_flag("--adaptive", o.adaptive, "also run every strategy that takes `adaptive` in that mode, from the same settings");
   app.add_option("--pairs", o.pairs, "only these target/draft pairs (e.g. stories-target-1M/stories260K-draft-tiny)")->delimiter(',');
   app.add_option("--only", o.only, "only these strategies (and plain decoding, the reference), e.g. pipeinfer")->delimiter(',');
-  app.add_flag("--tune", o.tune, "also run spec and pipeinfer at the registry's defaults and at their best point of a small grid")
+  app.add_flag("--tune", o.tune, "also run spec and pipeinfer at the registry's defaults and at their best point of a small grid, "
+                                 "and measure the bound on any chain (row chain-bound)")
       ->capture_default_str();
   app.add_option("--drafter", o.drafter, "dflash: the drafter directory (trained for " + kDrafterTarget + ")")
       ->check(CLI::ExistingDirectory)->capture_default_str();
