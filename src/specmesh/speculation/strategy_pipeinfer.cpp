@@ -425,7 +425,10 @@ class PipeInfer final : public Strategy {
     draft_step();
   }
 
+  // Tokens of a branch its next run carries: drafted ones, and without plain_runs the newest
+  // accepted token when it is not in flight yet (which drafts_pending leaves out).
   int32_t pending(const Branch& b) const { return int32_t(b.path.size()) - b.launched; }
+  int32_t drafts_pending(const Branch& b) const { return int32_t(b.path.size()) - std::max(b.launched, accepted()); }
   // The tokens a branch may add to one run: max_micro_batch, or twice that for an
   // alternative still behind the main branch's frontier, so that it catches up.
   int32_t room(const Branch& b) const {
@@ -505,8 +508,7 @@ class PipeInfer final : public Strategy {
     const float conf = top_probability(row, V);
     // Every branch launches at least one drafted token per run, so that a branch the target
     // takes has its continuation in flight; only the main branch's doubt loosens the cutoff.
-    // (A pending accepted token, left to this run without plain_runs, is no draft.)
-    const bool must = int32_t(b.path.size()) == std::max(b.launched, accepted());
+    const bool must = drafts_pending(b) == 0;
     if (conf < cutoff() && must && b.id == round_main_) {
       // Speculation would yield nothing and the head would idle: loosen the cutoff and
       // launch this one token anyway.
