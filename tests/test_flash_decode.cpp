@@ -324,6 +324,49 @@ TEST_F(FlashDecodeTest, ThreadCountDoesNotChangeABit) {
   }
 }
 
+// flash_decode's merge is flash_combine's, bit for bit: the partials of the plan's slots
+// computed one by one, the sink and the window combined into slot 2, slot 2 and the middle
+// combined and divided by l give its output, on every path, alone or on two threads (the merge
+// reads the slots in another order than flash_combine and is split by heads over the pool).
+TEST_F(FlashDecodeTest, MergeIsFlashCombineOverThePlansSlots) {
+  ThreadPool two(2);
+  for (const std::string& isa : isas()) {
+    use(isa);
+    for (const Case& c : {Case{{32, 4, 64}, 128, 128, 9000}, Case{{6, 3, 20}, 48, 100, 3001}}) {
+      const Problem p = make_problem(c.hs, c.n, 11);
+      FlashLayout layout;
+      layout.spec_len = c.S;
+      layout.chunk = c.chunk;
+      const FlashPlan plan = flash_plan(c.n, layout);
+      const int H = c.hs.n_head, D = c.hs.head_dim, group = H / c.hs.n_head_kv;
+      FlashPartials parts;
+      parts.reset(plan.n_slots(), H, D);
+      for (size_t s = 0; s < plan.n_slots(); ++s) {
+        if (s == 2) continue;
+        size_t b, e;
+        plan.slot_keys(s, b, e);
+        flash_partial(p.q.data(), H, group, p.kv(), 0, p.scale, p.cells.data() + b, e - b, parts, s);
+      }
+      std::vector<float> want(p.q.size());
+      for (int h = 0; h < H; ++h) {
+        const size_t a = parts.at(2, h);
+        flash_combine(parts, 0, 2, h, parts.o_at(2, h), parts.m[a], parts.l[a]);
+      }
+      for (int h = 0; h < H; ++h) {
+        float m, l;
+        float* o = want.data() + size_t(h) * D;
+        flash_combine(parts, 2, plan.n_slots(), h, o, m, l);
+        for (int d = 0; d < D; ++d) o[d] = l > 0 ? o[d] / l : 0.0f;
+      }
+      for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two}) {
+        std::vector<float> got(p.q.size());
+        flash_decode(p.q.data(), c.hs, p.scale, p.kv(), p.cells.data(), c.n, got.data(), layout, pool);
+        EXPECT_TRUE(same_bits(got, want)) << isa << " n=" << c.n << (pool ? " two threads" : " one thread");
+      }
+    }
+  }
+}
+
 // Several tokens at once give each token the bits flash_decode gives it alone: a causal run
 // (token i sees the cells of tokens 0..i, across a window tile boundary so that the run
 // splits), tokens below 2S, and a token whose cells are another order of the same keys (it
