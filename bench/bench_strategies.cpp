@@ -209,10 +209,13 @@ int main(int argc, char** argv) {
                            "stories260K/stories260K-draft-small)\n", p.c_str());
       return 2;
     }
-  std::map<std::string, int> layers;  // per model
+  std::map<std::string, int> layers;  // per model, each loaded once (models serve several pairs)
+  for (const auto& [target, draft] : pairs)
+    for (const std::string& model : {target, draft})
+      if (!layers.contains(model))
+        layers[model] = Model::load(o.refdata + "/gguf-models/" + model + ".gguf")->hparams().n_layer;
   for (const auto& [target, draft] : pairs) {
-    layers[draft] = Model::load(o.refdata + "/gguf-models/" + draft + ".gguf")->hparams().n_layer;
-    const int n = layers[target] = Model::load(o.refdata + "/gguf-models/" + target + ".gguf")->hparams().n_layer;
+    const int n = layers.at(target);
     if (o.stages > n) {
       std::fprintf(stderr, "--stages %d: %s has only %d layers, and each stage needs at least one\n", o.stages, target.c_str(), n);
       return 2;
@@ -410,13 +413,13 @@ int main(int argc, char** argv) {
       for (size_t b = 0; b < a; ++b) {
         const std::string &x = labels[a], &y = labels[b];
         char buf[160];
-        if (ttft[x] > 0 && ttft[y] > 0)
-          std::snprintf(buf, sizeof buf, "%s%s/%s tok/s %.2fx, ttft %.2f", line.empty() ? "" : "; ", x.c_str(),
-                        y.c_str(), tps[x] / tps[y], ttft[x] / ttft[y]);
-        else  // the chain bound has no time to first token
-          std::snprintf(buf, sizeof buf, "%s%s/%s tok/s %.2fx", line.empty() ? "" : "; ", x.c_str(), y.c_str(),
-                        tps[x] / tps[y]);
+        std::snprintf(buf, sizeof buf, "%s%s/%s tok/s %.2fx", line.empty() ? "" : "; ", x.c_str(), y.c_str(),
+                      tps[x] / tps[y]);
         line += buf;
+        if (ttft[x] > 0 && ttft[y] > 0) {  // the chain bound has no time to first token
+          std::snprintf(buf, sizeof buf, ", ttft %.2f", ttft[x] / ttft[y]);
+          line += buf;
+        }
       }
     std::printf("%-20s %-24s %s\n", "", "", line.c_str());
   }

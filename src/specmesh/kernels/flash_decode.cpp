@@ -126,17 +126,6 @@ void normalise(const float* o, float l, int D, float* out) {
   }
 }
 
-// Heads [h0, h1) of `parts`: the speculative partial (slot 2) from the sink and the window, and
-// its normalised output to spec[(h - h0) * D] when spec is given.
-void merge_spec(FlashPartials& parts, int h0, int h1, float* spec) {
-  const int D = parts.head_dim;
-  for (int h = h0; h < h1; ++h) {
-    const size_t a = parts.at(2, h);
-    flash_combine(parts, 0, 2, h, parts.o_at(2, h), parts.m[a], parts.l[a]);
-    if (spec != nullptr) normalise(parts.o_at(2, h), parts.l[a], D, spec + size_t(h - h0) * D);
-  }
-}
-
 // Heads [h0, h1) of slots [s0, s1) merged (flash_combine) into o[(h - h0) * D], m[h - h0] and
 // l[h - h0]: the maximum over the slots first, then each slot scaled once by e^(m_s - m) and
 // summed in slot order, every head on its own, so its bits do not depend on which heads share
@@ -175,6 +164,16 @@ void combine_slots(const FlashPartials& p, size_t s0, size_t s1, int h0, int h1,
       std::fill(o + size_t(i) * size_t(D), o + size_t(i + 1) * size_t(D), 0.0f);
       l[i] = 0;
     }
+}
+
+// Heads [h0, h1) of `parts`: the speculative partial (slot 2) from the sink and the window, and
+// its normalised output to spec[(h - h0) * D] when spec is given.
+void merge_spec(FlashPartials& parts, int h0, int h1, float* spec) {
+  const int D = parts.head_dim;
+  const size_t a = parts.at(2, h0);  // slot 2's heads are consecutive, as every slot's
+  combine_slots(parts, 0, 2, h0, h1, parts.o_at(2, h0), parts.m.data() + a, parts.l.data() + a);
+  if (spec == nullptr) return;
+  for (int h = h0; h < h1; ++h) normalise(parts.o_at(2, h), parts.l[parts.at(2, h)], D, spec + size_t(h - h0) * D);
 }
 
 // Every head's full output, slot 2 merged with the middle slots, to full[h * D]; split by heads
