@@ -217,6 +217,27 @@ double kv_bytes(const HParams& hp, double depth, DType type) {
   return depth * hp.n_layer * 2.0 * double(kv_row_bytes(type, size_t(hp.kv_dim())));
 }
 
+// Multiply-add operations (two per product) of one decode step's attention over `keys` cached
+// tokens: q . k and p . v for every query head.
+double attention_ops(const HParams& hp, double keys) { return 2.0 * 2.0 * hp.q_dim() * keys * hp.n_layer; }
+
+// Where the bandwidth roofline of a decode row at depth cannot be met by a step that reads the
+// weights and then computes the attention: the attention's products alone at the peak rates
+// (f32 multiply-adds; a Q8_0 cache scores keys with 8-bit dot products), against the time its
+// keys and values take to read. When the first is the larger, the attention is bound by
+// arithmetic, and the step's time phase by phase (weights read, then the larger of the two)
+// is the nearer bound.
+void print_depth_bound(const HParams& hp, double depth, DType kv_type, double weight_bytes, double bw,
+                       const Peaks& pk) {
+  const double ops = attention_ops(hp, depth) / 2, read_ms = kv_bytes(hp, depth, kv_type) / (bw * 1e6);
+  const double qk_peak = kv_type == DType::Q8_0 ? pk.int8 : pk.f32;
+  const double arith_ms = ops / (qk_peak * 1e6) + ops / (pk.f32 * 1e6);
+  const double step_ms = weight_bytes / (bw * 1e6) + std::max(read_ms, arith_ms);
+  std::printf("#   its attention: %.2f G op a token, %.2f ms at the peak rates, %.2f ms to read its keys and values;"
+              " weights read, then attention: %.2f ms a token (%.2f tok/s)\n",
+              2 * ops / 1e9, arith_ms, read_ms, step_ms, 1e3 / step_ms);
+}
+
 // Runs fn once per round on each path in turn and returns, per path, the medians of its
 // tokens/s and of the CPU seconds it took. With `bandwidth`, the read bandwidth is measured
 // before every run and its median written there: this machine's bandwidth moves with its
@@ -384,6 +405,7 @@ int main(int argc, char** argv) {
           const double bytes = weight_bytes + kv_bytes(hp, depth + n_tokens / 2.0, kv_type);
           print_row(tname.c_str(), th, "decode @" + std::to_string(depth) + " " + kv_type_name(kv_type), isas, tps,
                     row_bw * 1e9 / bytes, "bw", 0, row_bw);
+          print_depth_bound(hp, depth + n_tokens / 2.0, kv_type, weight_bytes, row_bw, pk);
         }
       }
     }
