@@ -506,11 +506,11 @@ void panel_tile_q4_K(const Problem& p, size_t panel, size_t t, size_t a0, size_t
       dmin[i] = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(q[i] + 32)));
     }
     for (size_t c = 0; c < 4; ++c) {
-      // Quarter c of the next tile's super-block, its first four lines asked for during the low
-      // nibbles and the rest during the high ones. Asked for at once (36 lines of four panels),
-      // the requests stalled on the core's miss buffers: on a Zen 5, two threads, a 5632 x 2048
-      // matrix from memory streamed at 44.5-45.5 GB/s this way and 50.9-52.1 GB/s spread
-      // (three runs each, alternating), where the AVX2 kernel, one panel at a time, made 45-48.
+      // Quarter c of the next tile's super-block, its first four lines of each panel asked for
+      // during the low nibbles and the other six during the high ones. All forty asked for at
+      // once wait on the core's few miss buffers: on a Zen 5, two threads, a 5632 x 2048 matrix
+      // from memory streamed at 44.5-45.5 GB/s that way and 50.9-52.1 GB/s spread (three runs
+      // each, alternating), where the AVX2 kernel, one panel at a time, made 45-48.
       const uint8_t* ask = next != nullptr ? next + sb * packed::kQ4KBytes + c * kQ4KQuarter : nullptr;
       q4_K_sub<0, P, T>(q, x, sb * 8 + 2 * c, 2 * c, d, dmin, acc, ask, p.panel_bytes, 0, kQ4KHalfAsk);
       q4_K_sub<4, P, T>(q, x, sb * 8 + 2 * c + 1, 2 * c + 1, d, dmin, acc, ask, p.panel_bytes, kQ4KHalfAsk,
