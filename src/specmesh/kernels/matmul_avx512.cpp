@@ -427,8 +427,11 @@ void panel_tile(const Problem& p, size_t panel, size_t t, size_t a0, size_t a1) 
   start_panels(p, t, x, acc);
   const uint8_t* next = next_tile<P, T>(p, panel, a1);
   for (size_t b = 0; b < nb; ++b) {
+    // Q8_0's eight lines of each panel per block are asked for half before the dot products
+    // and half after them.
+    constexpr size_t kFirstAsk = W::kQuantBytes > 256 ? W::kQuantBytes / 2 : W::kQuantBytes;
     if (next != nullptr) {
-      ask_ahead<P>(next, p.panel_bytes, b * W::kQuantBytes, W::kQuantBytes);
+      ask_ahead<P>(next, p.panel_bytes, b * W::kQuantBytes, kFirstAsk);
       if (b % 2 == 0) ask_ahead<P>(next, p.panel_bytes, nb * W::kQuantBytes + kRows * sizeof(uint16_t) * b, 64);
     }
     __m512i s[P][T];
@@ -437,6 +440,8 @@ void panel_tile(const Problem& p, size_t panel, size_t t, size_t a0, size_t a1) 
       for (int i = 0; i < P; ++i) s[i][j] = c;
     }
     W::template dot<P, T>(q, b, x, s);
+    if (kFirstAsk < W::kQuantBytes && next != nullptr)
+      ask_ahead<P>(next, p.panel_bytes, b * W::kQuantBytes + kFirstAsk, W::kQuantBytes - kFirstAsk);
     for (int i = 0; i < P; ++i) {
       const __m512 wd = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc[i] + kRows * b)));
       for (int j = 0; j < T; ++j)
