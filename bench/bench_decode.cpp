@@ -217,10 +217,6 @@ double kv_bytes(const HParams& hp, double depth, DType type) {
   return depth * hp.n_layer * 2.0 * double(kv_row_bytes(type, size_t(hp.kv_dim())));
 }
 
-// Multiply-add operations (two per product) of one decode step's attention over `keys` cached
-// tokens: q . k and p . v for every query head.
-double attention_ops(const HParams& hp, double keys) { return 2.0 * 2.0 * hp.q_dim() * keys * hp.n_layer; }
-
 // Where the bandwidth roofline of a decode row at depth cannot be met by a step that reads the
 // weights and then computes the attention: the attention's products alone at the peak rates
 // (f32 multiply-adds; a Q8_0 cache scores keys with 8-bit dot products), against the time its
@@ -229,7 +225,8 @@ double attention_ops(const HParams& hp, double keys) { return 2.0 * 2.0 * hp.q_d
 // is the nearer bound.
 void print_depth_bound(const HParams& hp, double depth, DType kv_type, double weight_bytes, double bw,
                        const Peaks& pk) {
-  const double ops = attention_ops(hp, depth) / 2, read_ms = kv_bytes(hp, depth, kv_type) / (bw * 1e6);
+  // Operations (two per product) of each half, q . k and p . v, over every query head and layer.
+  const double ops = 2.0 * hp.q_dim() * depth * hp.n_layer, read_ms = kv_bytes(hp, depth, kv_type) / (bw * 1e6);
   const double qk_peak = kv_type == DType::Q8_0 ? pk.int8 : pk.f32;
   const double arith_ms = ops / (qk_peak * 1e6) + ops / (pk.f32 * 1e6);
   const double step_ms = weight_bytes / (bw * 1e6) + std::max(read_ms, arith_ms);

@@ -426,11 +426,11 @@ void panel_tile(const Problem& p, size_t panel, size_t t, size_t a0, size_t a1) 
   __m512 acc[P][T];
   start_panels(p, t, x, acc);
   const uint8_t* next = next_tile<P, T>(p, panel, a1);
+  // A block of more than four lines per panel (Q8_0's eight) is asked for half before the dot
+  // products and half after them, fewer at once on the miss buffers (as Q4_K's): Q8_0 decode on
+  // a Zen 5 2-7 % faster than all before. Q4_0's four lines are asked for at once.
+  constexpr size_t kFirstAsk = W::kQuantBytes > 4 * 64 ? W::kQuantBytes / 2 : W::kQuantBytes;
   for (size_t b = 0; b < nb; ++b) {
-    // Q8_0's eight lines of each panel per block are asked for half before the dot products
-    // and half after them, fewer at once on the miss buffers (as Q4_K's): Q8_0 decode on a
-    // Zen 5 2-7 % faster than all before. Q4_0's four lines are asked for at once.
-    constexpr size_t kFirstAsk = W::kQuantBytes > 256 ? W::kQuantBytes / 2 : W::kQuantBytes;
     if (next != nullptr) {
       ask_ahead<P>(next, p.panel_bytes, b * W::kQuantBytes, kFirstAsk);
       if (b % 2 == 0) ask_ahead<P>(next, p.panel_bytes, nb * W::kQuantBytes + kRows * sizeof(uint16_t) * b, 64);
