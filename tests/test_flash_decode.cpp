@@ -523,8 +523,8 @@ TEST_F(FlashDecodeTest, AsksForTheNextRowsChangeNoBit) {
 
 // Rows stored as F16 or Q8_0 give, on every path and thread count, the bits the same kernel
 // gives F32 rows holding their widened values (every path reads them in place, widening as it
-// goes), and the widening is what kv_load gives. The exception, Q8_0 keys scored in 8 bits, has
-// its own test below.
+// goes), and the widening is what kv_load gives. The exceptions, Q8_0 keys scored in 8 bits and
+// F16 rows multiplied in bf16, have their own tests below.
 TEST_F(FlashDecodeTest, StoredTypesReadAsTheirWidenedValues) {
   ThreadPool two(2);
   for (const std::string& isa : isas()) {
@@ -534,6 +534,7 @@ TEST_F(FlashDecodeTest, StoredTypesReadAsTheirWidenedValues) {
       for (DType type : {DType::F16, DType::Q8_0}) {
         if (type == DType::Q8_0 && size_t(hs.n_head_kv * hs.head_dim) % 32 != 0) continue;
         if (type == DType::Q8_0 && int8_scores(isa, hs)) continue;
+        if (type == DType::F16 && flash_bf16_products(type, hs.head_dim)) continue;
         for (size_t n : {size_t(100), size_t(1100)}) {
           Problem p = make_problem(hs, n, 17);
           const Problem f32 = p;
@@ -629,6 +630,85 @@ TEST_F(FlashDecodeTest, Q8KeysScoreAgainstQuantisedQueries) {
       }
     }
   }
+}
+
+// x rounded to bf16, to nearest even, as vcvtne2ps2bf16 rounds (no NaN here).
+float bf16_round(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+// F16 rows where the products are bf16 (flash_bf16_products: the AVX-512 path of a CPU with
+// AVX-512 BF16). Each factor is rounded to bf16, relative error at most e = 2^-9: query and key
+// values in the scores, weight and value in the outputs, the weights' sum l adding the rounded
+// weights. Checked two ways, each able to fail:
+// - against attention in double over the rounded query, keys and values: the outputs then
+//   differ by the weights' rounding alone, each normalised weight by a factor within
+//   (1 + e) / (1 - e) of its own, so by at most 2e / (1 - e) max|v| (plus f32 arithmetic);
+// - against the dequantise-then-F32 reference: a score moves by at most
+//   delta = scale * sum_i |q_i k_i| (2e + e^2) (checked to hold, plus the f32 sum's own error),
+//   a normalised weight by a factor within (1 + e) / (1 - e) e^(2 delta), and a value by e |v|.
+TEST_F(FlashDecodeTest, F16RowsMultiplyInBf16WithinTheirBound) {
+  constexpr double e = 1.0 / 512;
+  bool any = false;
+  ThreadPool two(2);
+  for (const std::string& isa : isas())
+    for (const HeadShape& hs : {HeadShape{8, 2, 64}, HeadShape{8, 8, 64}, HeadShape{16, 2, 128}, HeadShape{32, 4, 64},
+                                HeadShape{12, 1, 64}, HeadShape{6, 2, 192}}) {
+      use(isa);
+      if (!flash_bf16_products(DType::F16, hs.head_dim)) continue;
+      any = true;
+      for (size_t n : {size_t(7), size_t(100), size_t(1100)}) {
+        Problem p = make_problem(hs, n, 29);
+        const Stored st = store(p, DType::F16);  // p now holds the widened rows
+        Problem rounded = p;
+        for (std::vector<float>* x : {&rounded.q, &rounded.k, &rounded.v})
+          for (float& y : *x) y = bf16_round(y);
+        const std::vector<double> exact = reference(p, [](size_t) { return true; });
+        const std::vector<double> of_rounded = reference(rounded, [](size_t) { return true; });
+        const size_t D = size_t(hs.head_dim);
+        const int group = hs.n_head / hs.n_head_kv;
+        double vmax = 0;
+        for (float x : p.v) vmax = std::max(vmax, double(std::fabs(x)));
+        double delta = 0, f32 = 0;
+        for (int h = 0; h < hs.n_head; ++h)
+          for (size_t j = 0; j < n; ++j) {
+            const size_t row = size_t(p.cells[j]) * p.stride + size_t(h / group) * D;
+            double sum_abs = 0, moved = 0;
+            for (size_t i = 0; i < D; ++i) {
+              sum_abs += std::fabs(double(p.q[h * D + i]) * p.k[row + i]);
+              moved += double(rounded.q[h * D + i]) * rounded.k[row + i] - double(p.q[h * D + i]) * p.k[row + i];
+            }
+            const double bound_j = p.scale * sum_abs * (2 * e + e * e);
+            EXPECT_LE(std::fabs(moved) * p.scale, bound_j * (1 + 1e-9)) << "the bound on a score's change";
+            // The kernel's f32 sum of D products adds at most D ulps of sum |q_i k_i|.
+            const double f32_j = p.scale * sum_abs * (1 + e) * (1 + e) * double(D) * std::ldexp(1.0, -24);
+            f32 = std::max(f32, f32_j);
+            delta = std::max(delta, bound_j + f32_j);
+          }
+        const double weight = (1 + e) / (1 - e);
+        const double bound_rounded = (weight * std::exp(2 * f32) - 1) * vmax * (1 + e);
+        const double bound_exact = (weight * std::exp(2 * delta) - 1 + e) * vmax;
+        for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two}) {
+          const std::string what = isa + " H=" + std::to_string(hs.n_head) + "/" + std::to_string(hs.n_head_kv) +
+                                   " D=" + std::to_string(hs.head_dim) + " n=" + std::to_string(n);
+          std::vector<float> got(p.q.size());
+          flash_decode(p.q.data(), hs, p.scale, st.rows(), p.cells.data(), n, got.data(), FlashLayout{}, pool);
+          double worst_rounded = 0, worst_exact = 0;
+          for (size_t i = 0; i < got.size(); ++i) {
+            worst_rounded = std::max(worst_rounded, std::fabs(got[i] - of_rounded[i]));
+            worst_exact = std::max(worst_exact, std::fabs(got[i] - exact[i]));
+          }
+          EXPECT_LE(worst_rounded, bound_rounded + 2e-5) << what << " against the rounded factors in double";
+          EXPECT_LE(worst_exact, bound_exact + 2e-5) << what << " against the exact reference";
+          EXPECT_GT(worst_exact, 1e-5) << what << ": the products are bf16";
+        }
+      }
+    }
+  if (!any) GTEST_SKIP() << "no path multiplies F16 rows in bf16 on this CPU";
 }
 
 // A thread quantises the queries for a Q8_0 cache once per call and reuses them for the call's

@@ -318,6 +318,10 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
   const bool avx512 = simd_reads && D % 64 == 0 && matmul_isa_has_avx512();
   if (avx512 || (simd_reads && D % 8 == 0 && use_avx2())) {
     job.row_off = reinterpret_cast<size_t*>(scratch(row_off, 2 * detail::row_off_entries(count)));
+    if (avx512 && flash_bf16_products(kv.type, D)) {
+      thread_local AlignedBuffer qh;
+      job.qh = reinterpret_cast<uint16_t*>(scratch(qh, (size_t(n_q) * size_t(D) + 1) / 2));
+    }
     const auto kernel = avx512 ? detail::flash_partial_avx512 : detail::flash_partial_avx2;
     if (!q8_in_place) return kernel(job);
     // The partials of one call share their queries (named by `queries`): a thread quantises
@@ -334,6 +338,10 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
   }
 #endif
   partial_scalar(job);
+}
+
+bool flash_bf16_products(DType type, int head_dim) {
+  return type == DType::F16 && head_dim % 64 == 0 && matmul_bf16_dot();
 }
 
 void flash_combine(const FlashPartials& p, size_t s0, size_t s1, int h, float* o, float& m, float& l) {

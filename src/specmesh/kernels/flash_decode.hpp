@@ -98,6 +98,16 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
 // `n` names for queries that no other call has named, the first of them returned.
 uint64_t flash_queries_id(size_t n = 1);
 
+// Whether attention over rows of `type` with heads of head_dim values multiplies in bf16 on the
+// current path: F16 rows on the AVX-512 path of a CPU with AVX-512 BF16 (matmul_bf16_dot), head
+// sizes a multiple of 64. Each product's two factors are then rounded to bf16 (nearest even): a
+// query value and a key value in the scores, a softmax weight and a value in the outputs, with
+// every sum in f32. That is the precision of a BF16 KV cache (the usual one of GPU serving,
+// e.g. vLLM's default for bf16 models), at half the instructions of widening to f32, which is
+// what decode at depth is bound by here (README, Benchmarks). Deterministic and batch invariant
+// as every path; the bound the rounding keeps to is tested (test_flash_decode).
+bool flash_bf16_products(DType type, int head_dim);
+
 // Merges slots [s0, s1) of head h into (o[head_dim], m, l): the maximum over all slots first,
 // then each slot scaled once by e^(m_s - m) and summed in slot order. Empty slots add nothing.
 void flash_combine(const FlashPartials& p, size_t s0, size_t s1, int h, float* o, float& m, float& l);
@@ -178,6 +188,9 @@ struct PartialJob {
   bool q8_ready = false;
   // Scratch for row_off_entries(count) byte offsets of the cells' rows (the SIMD kernels).
   size_t* row_off = nullptr;
+  // Set for F16 rows where the products are bf16 (flash_bf16_products): scratch for the
+  // queries rounded to bf16, n_q * head_dim values. Null otherwise.
+  uint16_t* qh = nullptr;
 };
 
 // Entries of PartialJob::row_off: one per key and, repeated, the last for kRowOffPad keys past

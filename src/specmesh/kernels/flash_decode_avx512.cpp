@@ -12,6 +12,12 @@
 // Values: up to eight heads of one KV head keep their outputs in registers while the keys pass,
 // so each value row is loaded and widened once for all of them.
 //
+// BF16 products (F16 rows where flash_bf16_products says so): the key block holds bf16 values,
+// the queries and the softmax weights are rounded to bf16 too, and vdpbf16ps adds two products
+// per lane where a multiply-add adds one: the scores and the values take half the instructions
+// (one thread in cache, 32 / 4 heads of 64: 33-35 -> 26 TSC ticks per key and KV head). The file
+// is built with AVX-512 BF16 for them (CMakeLists.txt); the other row types never reach them.
+//
 // Memory: every pass asks, a few cache lines at a time between the multiply-adds, for the rows
 // of the partial this thread computes next (PartialJob::next, to L2): half of them during the
 // scores and the softmax, half during the values, so the memory stays busy for the whole
@@ -74,6 +80,7 @@ struct F32Rows {
   [[gnu::always_inline]] static __m512 load16(Ptr p, int c) { return _mm512_loadu_ps(p + 16 * c); }
   static size_t bytes(size_t n) { return n * sizeof(float); }
   static constexpr bool kInt8Scores = false;
+  static constexpr bool kBf16 = false;
 };
 
 struct F16Rows {
@@ -83,6 +90,12 @@ struct F16Rows {
   }
   static size_t bytes(size_t n) { return n * sizeof(uint16_t); }
   static constexpr bool kInt8Scores = false;
+  static constexpr bool kBf16 = false;
+};
+
+// F16 rows multiplied in bf16 (see "BF16 products" below).
+struct F16RowsBf16 : F16Rows {
+  static constexpr bool kBf16 = true;
 };
 
 // Q8_0: `value` must start a block (flash_decode.cpp checks), so 16 values are half a block.
@@ -95,6 +108,7 @@ struct Q8Rows {
   }
   static size_t bytes(size_t n) { return (n + QK8_0 - 1) / QK8_0 * sizeof(block_q8_0); }
   static constexpr bool kInt8Scores = true;  // see scores_q8
+  static constexpr bool kBf16 = false;
 };
 
 // How many keys ahead the values pass asks for value rows: rows a cell list names are not
@@ -137,6 +151,67 @@ inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size
   for_keys_asking(j.count, next, per, key);
   for (int i = 0; i < H; ++i)
     for (int c = 0; c < N; ++c) _mm512_storeu_ps(j.o + size_t(h0 + i) * j.head_dim + o0 + 16 * c, acc[i][c]);
+}
+
+// BF16 values: the pairs of keys (t, t + 1) in index order, each head's two weights (bf16, next
+// to each other in its row: weights<G, true>) broadcast as one dword, and the two value rows
+// rounded to bf16 and interleaved (lane d of a vector: value d of key t, value d of key t + 1;
+// the interleave works within 128-bit lanes, so a vector holds its 16 values permuted, put back
+// in order when the outputs are stored). vdpbf16ps then adds both products to the output in
+// f32, 16 values x 2 keys per instruction where a multiply-add takes 16 x 1. A count that ends
+// on an odd key pairs its last key with the padding row (PartialJob::row_off), whose weight is 0.
+// Not inlined: inside partial() GCC kept the sixteen sums on the stack, loading and storing them
+// for every pair, and the pass ran no faster than the f32 one.
+template <int N, int H, size_t LD>
+[[gnu::noinline]] void accumulate_bf16(const PartialJob& j, int h0, size_t ld_, size_t off, size_t o0,
+                                       NextRows& next, size_t per) {
+  static_assert(N % 2 == 0 && kAskEvery % 2 == 0 && kAhead <= kRowOffPad);
+  const size_t ld = LD > 0 ? LD : ld_;
+  __m512 acc[H][N];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm512_setzero_ps();
+  // Head i's weights: its score row, read as bf16 values.
+  const auto* w = reinterpret_cast<const uint16_t*>(j.scores + size_t(h0) * ld);
+  const char* vb = static_cast<const char*>(j.kv->v) + F16Rows::bytes(off);
+  const size_t* ro = j.row_off;
+  auto pair = [&](size_t t) [[gnu::always_inline]] {
+    for (size_t u = t + kAhead - 2; u < t + kAhead; ++u)  // the pair kAhead keys on
+      for (size_t b = 0; b < F16Rows::bytes(16 * N); b += 64) _mm_prefetch(vb + ro[u] + b, _MM_HINT_T0);
+    const auto* v0 = reinterpret_cast<const uint16_t*>(vb + ro[t]);
+    const auto* v1 = reinterpret_cast<const uint16_t*>(vb + ro[t + 1]);
+    __m512bh x[N];
+    for (int c = 0; c < N; c += 2) {
+      const __m512i a = (__m512i)_mm512_cvtne2ps_pbh(F16Rows::load16(v0, c + 1), F16Rows::load16(v0, c));
+      const __m512i b = (__m512i)_mm512_cvtne2ps_pbh(F16Rows::load16(v1, c + 1), F16Rows::load16(v1, c));
+      x[c] = (__m512bh)_mm512_unpacklo_epi16(a, b);
+      x[c + 1] = (__m512bh)_mm512_unpackhi_epi16(a, b);
+    }
+    const uint16_t* wt = w + t;
+    if (LD > 0) asm("" : "+r"(wt));  // as in accumulate
+    for (int i = 0; i < H; ++i) {
+      int32_t two;
+      __builtin_memcpy(&two, wt + 2 * size_t(i) * ld, sizeof two);
+      const __m512bh wv = (__m512bh)_mm512_set1_epi32(two);
+      for (int c = 0; c < N; ++c) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], x[c], wv);
+    }
+  };
+  size_t t = 0;
+  for (; t + kAskEvery <= j.count; t += kAskEvery) {  // as for_keys_asking, two keys a step
+    next.ask(per);
+    for (size_t u = 0; u < kAskEvery; u += 2) pair(t + u);
+  }
+  if (t < j.count) next.ask(per);
+  for (; t < j.count; t += 2) pair(t);
+  // acc[i][c] lane 4L + r holds value 32 (c / 2) + 8L + r (c even) or + 4 + r (c odd).
+  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int i = 0; i < H; ++i) {
+    float* o = j.o + size_t(h0 + i) * j.head_dim + o0;
+    for (int c = 0; c < N; c += 2) {
+      _mm512_storeu_ps(o + 16 * c, _mm512_permutex2var_ps(acc[i][c], lo, acc[i][c + 1]));
+      _mm512_storeu_ps(o + 16 * c + 16, _mm512_permutex2var_ps(acc[i][c], hi, acc[i][c + 1]));
+    }
+  }
 }
 
 // The largest of v's lanes.
@@ -207,6 +282,21 @@ inline void key_block<F16Rows>(const PartialJob& j, size_t t0, size_t first, siz
   }
 }
 
+// Scores of head h for the 16 keys from t0: acc[b] lane 4u + r holds part r of key 4b + u's
+// dot product. Two steps add (l0 + l2) + (l1 + l3), leaving key 4b + u in lane 4u + b; the
+// permutation puts key t in lane t.
+[[gnu::always_inline]] inline void store_scores(const PartialJob& j, const __m512 acc[4], int h, size_t t0,
+                                                size_t ld) {
+  const __m512i to_keys = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512 x = _mm512_add_ps(_mm512_shuffle_ps(acc[0], acc[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(acc[0], acc[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 y = _mm512_add_ps(_mm512_shuffle_ps(acc[2], acc[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(acc[2], acc[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
+  _mm512_storeu_ps(j.scores + size_t(h) * ld + t0, _mm512_mul_ps(_mm512_permutexvar_ps(to_keys, r), _mm512_set1_ps(j.scale)));
+}
+
 // Scores of heads h .. h + H for the 16 keys of kt, which starts at value `lo` after kv_off.
 // Shared: the H heads read one KV head, so they share the block's loads.
 template <int H, bool Shared>
@@ -232,25 +322,68 @@ template <int H, bool Shared>
         acc[i][b] = _mm512_fmadd_ps(qv, Shared ? kv[b] : _mm512_loadu_ps(kh[i] + c * 64 + 16 * b), acc[i][b]);
     }
   }
-  // acc[i][b] lane 4u + r: key 4b + u, lane r. Two steps add (l0 + l2) + (l1 + l3), leaving
-  // key 4b + u in lane 4u + b; the permutation puts key t in lane t.
-  const __m512i to_keys = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  for (int i = 0; i < H; ++i) {
-    const __m512 x = _mm512_add_ps(_mm512_shuffle_ps(acc[i][0], acc[i][1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_ps(acc[i][0], acc[i][1], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 y = _mm512_add_ps(_mm512_shuffle_ps(acc[i][2], acc[i][3], _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_ps(acc[i][2], acc[i][3], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
-    _mm512_storeu_ps(j.scores + size_t(h + i) * ld + t0,
-                     _mm512_mul_ps(_mm512_permutexvar_ps(to_keys, r), _mm512_set1_ps(j.scale)));
+  for (int i = 0; i < H; ++i) store_scores(j, acc[i], h + i, t0, ld);
+}
+
+// BF16 products (F16RowsBf16): the block's key rows rounded to bf16 into kt, eight values by
+// sixteen keys: value x of key u at kt[(x / 8) * 128 + 8 u + x % 8], so one 512-bit load holds
+// eight values of four keys. Each head takes one 128-bit broadcast of its query's eight values
+// (bf16, PartialJob::qh) per chunk, and vdpbf16ps adds two products per lane: lane r of key u
+// adds the pairs 2r and 2r + 1 of each chunk, four lanes per score as above, at half the
+// instructions.
+inline void key_block_bf16(const PartialJob& j, size_t t0, size_t first, size_t width, uint16_t* kt) {
+  const char* kb = static_cast<const char*>(j.kv->k) + F16Rows::bytes(first);
+  for (size_t g = 0; g < 4; ++g) {
+    const uint16_t* row[4];
+    for (size_t u = 0; u < 4; ++u) row[u] = reinterpret_cast<const uint16_t*>(kb + j.row_off[t0 + 4 * g + u]);
+    for (size_t c = 0; c < width / 16; ++c) {
+      // Keys 0 and 1 (a), 2 and 3 (b): eight values per 128-bit lane, key by key.
+      const __m512i a = (__m512i)_mm512_cvtne2ps_pbh(F16Rows::load16(row[1], int(c)), F16Rows::load16(row[0], int(c)));
+      const __m512i b = (__m512i)_mm512_cvtne2ps_pbh(F16Rows::load16(row[3], int(c)), F16Rows::load16(row[2], int(c)));
+      uint16_t* dst = kt + 2 * c * 128 + 32 * g;
+      _mm512_storeu_si512(dst, _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)));
+      _mm512_storeu_si512(dst + 128, _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+    }
   }
+}
+
+template <int H, bool Shared>
+[[gnu::always_inline]] inline void scores_block_bf16(const PartialJob& j, int h, const uint16_t* kt, size_t lo,
+                                                     size_t t0, size_t ld) {
+  const int nc = j.head_dim / 8;
+  const uint16_t* kh[H];
+  const uint16_t* q[H];
+  for (int i = 0; i < H; ++i) {
+    kh[i] = kt + (j.head_off[h + i] - lo) * 16;
+    q[i] = j.qh + size_t(h + i) * j.head_dim;
+  }
+  __m512 acc[H][4];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm512_setzero_ps();
+  for (int c = 0; c < nc; ++c) {
+    __m512i kv[4];
+    if (Shared)
+      for (int b = 0; b < 4; ++b) kv[b] = _mm512_loadu_si512(kh[0] + c * 128 + 32 * b);
+    for (int i = 0; i < H; ++i) {
+      const __m512bh qv =
+          (__m512bh)_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q[i] + 8 * c)));
+      for (int b = 0; b < 4; ++b) {
+        const __m512i k = Shared ? kv[b] : _mm512_loadu_si512(kh[i] + c * 128 + 32 * b);
+        acc[i][b] = _mm512_dpbf16_ps(acc[i][b], (__m512bh)k, qv);
+      }
+    }
+  }
+  for (int i = 0; i < H; ++i) store_scores(j, acc[i], h + i, t0, ld);
 }
 
 // Weights e^(s - m) in place for heads h .. h + G and their sums: the maximum over the real
 // keys (exact in any order), then sixteen lanes of partial sums in key order, added by one
 // fixed tree. Each head's operations are the same whatever G is.
-template <int G>
+// Bf16: each weight is rounded to bf16 (nearest even) and stored as such from the start of the
+// head's score row, weight t at bf16 index t (block t writes bytes [2t, 2t + 32), which its own
+// and earlier blocks' floats held), and the sum adds the rounded weights, so l is the sum of
+// the weights the outputs use.
+template <int G, bool Bf16 = false>
 [[gnu::always_inline]] inline void weights(const PartialJob& j, int h, size_t ld) {
   const size_t full = j.count / 16 * 16;
   const __mmask16 tail = __mmask16((1u << (j.count - full)) - 1);
@@ -268,19 +401,22 @@ template <int G>
     j.m[h + i] = hmax16(vm[i]);
     vm[i] = _mm512_set1_ps(j.m[h + i]);
   }
-  for (size_t t = 0; t < full; t += 16)
-    for (int i = 0; i < G; ++i) {
-      const __m512 w = exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s[i] + t), vm[i]));
+  // Stores the weights of keys t .. t + 16 of head i and adds them to its sums.
+  auto put = [&](int i, size_t t, __m512 w) [[gnu::always_inline]] {
+    if constexpr (Bf16) {
+      const __m256i b = (__m256i)_mm512_cvtneps_pbh(w);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(reinterpret_cast<uint16_t*>(s[i]) + t), b);
+      w = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));  // exact
+    } else {
       _mm512_storeu_ps(s[i] + t, w);
-      vl[i] = _mm512_add_ps(vl[i], w);
     }
+    vl[i] = _mm512_add_ps(vl[i], w);
+  };
+  for (size_t t = 0; t < full; t += 16)
+    for (int i = 0; i < G; ++i) put(i, t, exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s[i] + t), vm[i])));
   for (int i = 0; i < G; ++i) {
-    if (tail) {
-      // Padding lanes get weight 0 (they are never summed into an output).
-      const __m512 w = _mm512_maskz_mov_ps(tail, exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s[i] + full), vm[i])));
-      _mm512_storeu_ps(s[i] + full, w);
-      vl[i] = _mm512_add_ps(vl[i], w);
-    }
+    // Padding lanes get weight 0 (they are never summed into an output).
+    if (tail) put(i, full, _mm512_maskz_mov_ps(tail, exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s[i] + full), vm[i]))));
     j.l[h + i] = hsum16(vl[i]);
   }
 }
@@ -397,7 +533,14 @@ inline bool shares_kv4(const PartialJob& j, int h) {
   return j.head_off[h] == j.head_off[h + 3] && j.head_off[h] == j.head_off[h + 1] && j.head_off[h] == j.head_off[h + 2];
 }
 
-// The partial over rows stored as E (F32Rows, F16Rows or Q8Rows).
+// The queries of job j rounded to bf16 (nearest even) into j.qh.
+inline void round_queries(const PartialJob& j) {
+  for (size_t i = 0; i < size_t(j.n_q) * size_t(j.head_dim); i += 32)
+    _mm512_storeu_si512(j.qh + i,
+                        (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(j.q + i + 16), _mm512_loadu_ps(j.q + i)));
+}
+
+// The partial over rows stored as E (F32Rows, F16Rows, F16RowsBf16 or Q8Rows).
 template <class E>
 void partial(const PartialJob& j) {
   const int D = j.head_dim;  // a multiple of 64 (see flash_decode.cpp)
@@ -424,6 +567,7 @@ void partial(const PartialJob& j) {
   // them; asking again for the keys cost 4 % at 16K keys, for the values nothing measurable.)
   Q8Query qq{};
   if constexpr (E::kInt8Scores) qq = quantize_queries(j);
+  if constexpr (E::kBf16) round_queries(j);
   fill_row_off(j, E::bytes(j.kv->row_stride));
   for (size_t t0 = 0; t0 < j.count; t0 += 16) {
     if constexpr (E::kInt8Scores) {
@@ -431,6 +575,19 @@ void partial(const PartialJob& j) {
         next.ask(quota);
         scores_q8<H>(j, qq, h, t0, ld);
       });
+    } else if constexpr (E::kBf16) {
+      auto* kt = reinterpret_cast<uint16_t*>(j.key_block);
+      key_block_bf16(j, t0, j.kv_off + lo, hi - lo, kt);
+      int h = 0;
+      for (; h + 4 <= j.n_q; h += 4) {
+        next.ask(quota);
+        if (shares_kv4(j, h)) scores_block_bf16<4, true>(j, h, kt, lo, t0, ld);
+        else scores_block_bf16<4, false>(j, h, kt, lo, t0, ld);
+      }
+      for (; h < j.n_q; ++h) {
+        next.ask(quota);
+        scores_block_bf16<1, false>(j, h, kt, lo, t0, ld);
+      }
     } else {
       key_block<E>(j, t0, j.kv_off + lo, hi - lo, j.key_block);
       int h = 0;
@@ -449,11 +606,11 @@ void partial(const PartialJob& j) {
   // Weights e^(s - m) in place and their sum, four heads at a time (their chains interleave).
   int h = 0;
   for (; h + 4 <= j.n_q; h += 4) {
-    weights<4>(j, h, ld);
+    weights<4, E::kBf16>(j, h, ld);
     next.ask(4 * quota);
   }
   for (; h < j.n_q; ++h) {
-    weights<1>(j, h, ld);
+    weights<1, E::kBf16>(j, h, ld);
     next.ask(quota);
   }
 
@@ -465,6 +622,13 @@ void partial(const PartialJob& j) {
       const int H = kv_run(j, h);
       for (int c = 0; c < nd; c += value_regs(H)) {
         const size_t at = 16 * size_t(c);
+        if constexpr (E::kBf16) {
+          if (H == 8) accumulate_bf16<2, 8, LD>(j, h, ld, off + at, at, next, value_quota);
+          else if (H == 4) accumulate_bf16<4, 4, LD>(j, h, ld, off + at, at, next, value_quota);
+          else if (H == 2) accumulate_bf16<4, 2, LD>(j, h, ld, off + at, at, next, value_quota);
+          else accumulate_bf16<4, 1, LD>(j, h, ld, off + at, at, next, value_quota);
+          continue;
+        }
         if (H == 8) accumulate<2, 8, E, LD>(j, h, ld, off + at, at, next, value_quota);
         else if (H == 4) accumulate<4, 4, E, LD>(j, h, ld, off + at, at, next, value_quota);
         else if (H == 2) accumulate<4, 2, E, LD>(j, h, ld, off + at, at, next, value_quota);
@@ -481,7 +645,8 @@ void partial(const PartialJob& j) {
 }  // namespace
 
 void flash_partial_avx512(const PartialJob& j) {
-  if (j.kv->type == DType::F16) partial<F16Rows>(j);
+  if (j.kv->type == DType::F16 && j.qh) partial<F16RowsBf16>(j);
+  else if (j.kv->type == DType::F16) partial<F16Rows>(j);
   else if (j.kv->type == DType::Q8_0) partial<Q8Rows>(j);
   else partial<F32Rows>(j);
 }
