@@ -118,7 +118,8 @@ void parse_extension(const json& body, CompletionOptions& o) {
       } else if (value.is_array() && !value.empty()) {
         for (const json& e : value) {
           if (!e.is_number_integer()) throw bad_field(path, "'" + path + "' must be a number, a boolean or a list of integers");
-          text += (text.empty() ? "" : ",") + std::to_string(e.get<int64_t>());
+          if (!text.empty()) text += ',';
+          text += std::to_string(e.get<int64_t>());
         }
       } else {
         throw bad_field(path, "'" + path + "' must be a number, a boolean or a list of integers, not " + value.dump());
