@@ -318,6 +318,8 @@ void flash_partial(const float* q, int n_q, int group, int n_kv, const KvRows& k
   const bool avx512 = simd_reads && D % 64 == 0 && matmul_isa_has_avx512();
   if (avx512 || (simd_reads && D % 8 == 0 && use_avx2())) {
     job.row_off = reinterpret_cast<size_t*>(scratch(row_off, 2 * detail::row_off_entries(count)));
+    static const bool amd = __builtin_cpu_is("amd");
+    job.asks_to_l1 = amd;
     if (avx512 && flash_bf16_products(kv.type, D)) {
       thread_local AlignedBuffer qh;
       job.qh = reinterpret_cast<uint16_t*>(scratch(qh, (size_t(n_q) * size_t(D) + 1) / 2));

@@ -181,6 +181,8 @@ struct PartialJob {
   // The cells this thread reads next (a prefetch hint; none when next_count is 0).
   const int32_t* next_cells;
   size_t next_count;
+  // Ask for them to L1 rather than L2 (flash_simd_shared.hpp, NextRows).
+  bool asks_to_l1 = false;
   // Scratch for the queries quantised to 8 bits: q8_scratch_floats(n_q, head_dim) floats, set
   // when a SIMD kernel reads Q8_0 rows (their scores are 8-bit dot products).
   float* q8 = nullptr;

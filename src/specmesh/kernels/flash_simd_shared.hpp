@@ -21,7 +21,11 @@ namespace {
 constexpr size_t kAskEvery = 4;
 
 // The rows the thread reads after this partial: the bytes [lo, hi) of each key row and of each
-// value row, asked for to L2 a few cache lines per call.
+// value row, asked for a few cache lines per call: to L2, or to L1 where PartialJob::asks_to_l1
+// says so (AMD CPUs). On the Zen 5 machine, whose Zen 4 and later cores take PREFETCHT1 to L2
+// but are known to drop some of those requests, asking to L1 took 0.89-0.91x the attention's
+// time from memory (bench_attention_memory, old and new builds alternating in both orders,
+// 16K keys of an F16 cache; Q8_0 0.80-0.93x); Zen 3 and older take both hints to L1 anyway.
 //
 // Rows read whole (lo 0, hi the row) whose cells follow one another are one range of bytes: the
 // usual case, a sequence's cells in order. Each ask takes the same line of both halves of the
@@ -40,6 +44,7 @@ struct NextRows {
   const char* vat = nullptr;  // the same line in the value rows
   const char* end = nullptr;  // the end of the first half
   size_t half = 0;            // bytes from a line of the first half to its line in the second
+  bool to_l1 = false;         // PREFETCHT0 instead of PREFETCHT1
   // Asks, each for up to four lines, that take every row (at most: fewer when a range joins rows
   // that do not end on a line).
   size_t total() const { return (count * ((hi - lo + 63) / 64) + 1) / 2; }
@@ -51,12 +56,20 @@ struct NextRows {
       asks -= n;
       // (A range of an odd number of lines asks for the line after it too: a hint, which
       // never faults, and a test per line here cost 2-3 % of the partial.)
-      for (; n > 0; --n, at += 64, vat += 64) {
-        _mm_prefetch(at, _MM_HINT_T1);
-        _mm_prefetch(vat, _MM_HINT_T1);
-        _mm_prefetch(at + half, _MM_HINT_T1);
-        _mm_prefetch(vat + half, _MM_HINT_T1);
-      }
+      if (to_l1)
+        for (; n > 0; --n, at += 64, vat += 64) {
+          _mm_prefetch(at, _MM_HINT_T0);
+          _mm_prefetch(vat, _MM_HINT_T0);
+          _mm_prefetch(at + half, _MM_HINT_T0);
+          _mm_prefetch(vat + half, _MM_HINT_T0);
+        }
+      else
+        for (; n > 0; --n, at += 64, vat += 64) {
+          _mm_prefetch(at, _MM_HINT_T1);
+          _mm_prefetch(vat, _MM_HINT_T1);
+          _mm_prefetch(at + half, _MM_HINT_T1);
+          _mm_prefetch(vat + half, _MM_HINT_T1);
+        }
     }
   }
 
@@ -116,12 +129,14 @@ template <class F>
 // The rows the thread reads after job j, stored as E (the kernel's row type).
 template <class E>
 NextRows next_rows(const PartialJob& j) {
-  return {{static_cast<const char*>(j.kv->k), static_cast<const char*>(j.kv->v)},
-          j.next_cells,
-          j.next_count,
-          E::bytes(j.kv->row_stride),
-          E::bytes(j.span_lo + j.kv_off),
-          E::bytes(j.span_hi + j.kv_off)};
+  NextRows next{{static_cast<const char*>(j.kv->k), static_cast<const char*>(j.kv->v)},
+                j.next_cells,
+                j.next_count,
+                E::bytes(j.kv->row_stride),
+                E::bytes(j.span_lo + j.kv_off),
+                E::bytes(j.span_hi + j.kv_off)};
+  next.to_l1 = j.asks_to_l1;
+  return next;
 }
 
 // How many of the next partial's asks (NextRows::total) each call takes: half of them spread
