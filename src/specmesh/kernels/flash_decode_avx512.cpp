@@ -19,7 +19,7 @@
 // is built with AVX-512 BF16 for them (CMakeLists.txt); the other row types never reach them.
 //
 // Memory: every pass asks, a few cache lines at a time between the multiply-adds, for the rows
-// of the partial this thread computes next (PartialJob::next, to L2): half of them during the
+// of the partial this thread computes next (PartialJob::next, to L2 or on AMD to L1): half of them during the
 // scores and the softmax, half during the values, so the memory stays busy for the whole
 // partial (asking for all of them before the values pass left it idle through that pass, and
 // decode at 16K keys 4-5 % slower). The values pass also asks for its own rows 16 keys ahead
