@@ -19,11 +19,11 @@
 // is built with AVX-512 BF16 for them (CMakeLists.txt); the other row types never reach them.
 //
 // Memory: every pass asks, a few cache lines at a time between the multiply-adds, for the rows
-// of the partial this thread computes next (PartialJob::next, to L2 or on AMD to L1): half of them during the
-// scores and the softmax, half during the values, so the memory stays busy for the whole
-// partial (asking for all of them before the values pass left it idle through that pass, and
-// decode at 16K keys 4-5 % slower). The values pass also asks for its own rows 16 keys ahead
-// (to L1).
+// of the partial this thread computes next (PartialJob::next, to L2, on AMD to L1): half of them
+// during the scores and the softmax, half during the values, so the memory stays busy for the
+// whole partial (asking for all of them before the values pass left it idle through that
+// pass, and decode at 16K keys 4-5 % slower). The values pass also asks for its own rows 16
+// keys ahead (to L1).
 //
 // Determinism: a score's four lanes and their sum are the same operations whichever heads share
 // its call and wherever its key sits in a block; the weights' sum adds keys t, t + 16, ... in
@@ -294,43 +294,74 @@ inline void key_block<F16Rows>(const PartialJob& j, size_t t0, size_t first, siz
                                  _mm512_shuffle_ps(acc[2], acc[3], _MM_SHUFFLE(3, 2, 3, 2)));
   const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0)),
                                  _mm512_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
-  _mm512_storeu_ps(j.scores + size_t(h) * ld + t0, _mm512_mul_ps(_mm512_permutexvar_ps(to_keys, r), _mm512_set1_ps(j.scale)));
+  _mm512_storeu_ps(j.scores + size_t(h) * ld + t0,
+                   _mm512_mul_ps(_mm512_permutexvar_ps(to_keys, r), _mm512_set1_ps(j.scale)));
 }
 
-// Scores of heads h .. h + H for the 16 keys of kt, which starts at value `lo` after kv_off.
-// Shared: the H heads read one KV head, so they share the block's loads.
-template <int H, bool Shared>
-[[gnu::always_inline]] inline void scores_block(const PartialJob& j, int h, const float* kt, size_t lo, size_t t0,
-                                                size_t ld) {
-  const int nc = j.head_dim / 4;
-  const float* kh[H];
-  const float* q[H];
+// How a key block meets the queries. F32Block: the block holds floats four values by sixteen
+// keys (key_block), a query chunk is four floats, one multiply-add per product. Bf16Block: the
+// block holds bf16 values eight by sixteen keys (key_block_bf16), a query chunk is eight bf16
+// values (PartialJob::qh), and vdpbf16ps adds two products per lane: lane r of a key then adds
+// the pairs 2r and 2r + 1 of each chunk, so a score is four lanes either way, at half the
+// instructions. A chunk of 16 keys is 16 kValues elements, four keys' part of it 4 kValues.
+struct F32Block {
+  using T = float;
+  using V = __m512;
+  static constexpr int kValues = 4;
+  [[gnu::always_inline]] static V keys(const T* p) { return _mm512_loadu_ps(p); }
+  [[gnu::always_inline]] static V query(const T* p) { return _mm512_broadcast_f32x4(_mm_loadu_ps(p)); }
+  [[gnu::always_inline]] static __m512 add(__m512 acc, V k, V q) { return _mm512_fmadd_ps(q, k, acc); }
+};
+
+struct Bf16Block {
+  using T = uint16_t;
+  using V = __m512i;
+  static constexpr int kValues = 8;
+  [[gnu::always_inline]] static V keys(const T* p) { return _mm512_loadu_si512(p); }
+  [[gnu::always_inline]] static V query(const T* p) {
+    return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  [[gnu::always_inline]] static __m512 add(__m512 acc, V k, V q) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)k, (__m512bh)q);
+  }
+};
+
+// The block type of rows multiplied in bf16 or not (no <type_traits> here: see the header).
+template <bool Bf16> struct BlockOf { using type = F32Block; };
+template <> struct BlockOf<true> { using type = Bf16Block; };
+
+// Scores of heads h .. h + H for the 16 keys of kt, which starts at value `lo` after kv_off,
+// against the queries at qs (head h at qs + h * head_dim). Shared: the H heads read one KV
+// head, so they share the block's loads.
+template <class B, int H, bool Shared>
+[[gnu::always_inline]] inline void scores_block(const PartialJob& j, int h, const typename B::T* kt,
+                                                const typename B::T* qs, size_t lo, size_t t0, size_t ld) {
+  constexpr int kChunk = 16 * B::kValues, kFour = 4 * B::kValues;
+  const int nc = j.head_dim / B::kValues;
+  const typename B::T* kh[H];
+  const typename B::T* q[H];
   for (int i = 0; i < H; ++i) {
     kh[i] = kt + (j.head_off[h + i] - lo) * 16;
-    q[i] = j.q + size_t(h + i) * j.head_dim;
+    q[i] = qs + size_t(h + i) * j.head_dim;
   }
   __m512 acc[H][4];
   for (auto& a : acc)
     for (auto& v : a) v = _mm512_setzero_ps();
   for (int c = 0; c < nc; ++c) {
-    __m512 kv[4];
+    typename B::V kv[4];
     if (Shared)
-      for (int b = 0; b < 4; ++b) kv[b] = _mm512_loadu_ps(kh[0] + c * 64 + 16 * b);
+      for (int b = 0; b < 4; ++b) kv[b] = B::keys(kh[0] + c * kChunk + kFour * b);
     for (int i = 0; i < H; ++i) {
-      const __m512 qv = _mm512_broadcast_f32x4(_mm_loadu_ps(q[i] + 4 * c));
+      const typename B::V qv = B::query(q[i] + B::kValues * c);
       for (int b = 0; b < 4; ++b)
-        acc[i][b] = _mm512_fmadd_ps(qv, Shared ? kv[b] : _mm512_loadu_ps(kh[i] + c * 64 + 16 * b), acc[i][b]);
+        acc[i][b] = B::add(acc[i][b], Shared ? kv[b] : B::keys(kh[i] + c * kChunk + kFour * b), qv);
     }
   }
   for (int i = 0; i < H; ++i) store_scores(j, acc[i], h + i, t0, ld);
 }
 
-// BF16 products (F16RowsBf16): the block's key rows rounded to bf16 into kt, eight values by
-// sixteen keys: value x of key u at kt[(x / 8) * 128 + 8 u + x % 8], so one 512-bit load holds
-// eight values of four keys. Each head takes one 128-bit broadcast of its query's eight values
-// (bf16, PartialJob::qh) per chunk, and vdpbf16ps adds two products per lane: lane r of key u
-// adds the pairs 2r and 2r + 1 of each chunk, four lanes per score as above, at half the
-// instructions.
+// F16 rows for Bf16Block: the block's key rows rounded to bf16 into kt, value x of key u at
+// kt[(x / 8) * 128 + 8 u + x % 8], so one 512-bit load holds eight values of four keys.
 inline void key_block_bf16(const PartialJob& j, size_t t0, size_t first, size_t width, uint16_t* kt) {
   const char* kb = static_cast<const char*>(j.kv->k) + F16Rows::bytes(first);
   for (size_t g = 0; g < 4; ++g) {
@@ -345,35 +376,6 @@ inline void key_block_bf16(const PartialJob& j, size_t t0, size_t first, size_t 
       _mm512_storeu_si512(dst + 128, _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
     }
   }
-}
-
-template <int H, bool Shared>
-[[gnu::always_inline]] inline void scores_block_bf16(const PartialJob& j, int h, const uint16_t* kt, size_t lo,
-                                                     size_t t0, size_t ld) {
-  const int nc = j.head_dim / 8;
-  const uint16_t* kh[H];
-  const uint16_t* q[H];
-  for (int i = 0; i < H; ++i) {
-    kh[i] = kt + (j.head_off[h + i] - lo) * 16;
-    q[i] = j.qh + size_t(h + i) * j.head_dim;
-  }
-  __m512 acc[H][4];
-  for (auto& a : acc)
-    for (auto& v : a) v = _mm512_setzero_ps();
-  for (int c = 0; c < nc; ++c) {
-    __m512i kv[4];
-    if (Shared)
-      for (int b = 0; b < 4; ++b) kv[b] = _mm512_loadu_si512(kh[0] + c * 128 + 32 * b);
-    for (int i = 0; i < H; ++i) {
-      const __m512bh qv =
-          (__m512bh)_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q[i] + 8 * c)));
-      for (int b = 0; b < 4; ++b) {
-        const __m512i k = Shared ? kv[b] : _mm512_loadu_si512(kh[i] + c * 128 + 32 * b);
-        acc[i][b] = _mm512_dpbf16_ps(acc[i][b], (__m512bh)k, qv);
-      }
-    }
-  }
-  for (int i = 0; i < H; ++i) store_scores(j, acc[i], h + i, t0, ld);
 }
 
 // Weights e^(s - m) in place for heads h .. h + G and their sums: the maximum over the real
@@ -575,30 +577,27 @@ void partial(const PartialJob& j) {
         next.ask(quota);
         scores_q8<H>(j, qq, h, t0, ld);
       });
-    } else if constexpr (E::kBf16) {
-      auto* kt = reinterpret_cast<uint16_t*>(j.key_block);
-      key_block_bf16(j, t0, j.kv_off + lo, hi - lo, kt);
-      int h = 0;
-      for (; h + 4 <= j.n_q; h += 4) {
-        next.ask(quota);
-        if (shares_kv4(j, h)) scores_block_bf16<4, true>(j, h, kt, lo, t0, ld);
-        else scores_block_bf16<4, false>(j, h, kt, lo, t0, ld);
-      }
-      for (; h < j.n_q; ++h) {
-        next.ask(quota);
-        scores_block_bf16<1, false>(j, h, kt, lo, t0, ld);
-      }
     } else {
-      key_block<E>(j, t0, j.kv_off + lo, hi - lo, j.key_block);
+      // The key block and the queries as the block type B meets them.
+      using B = typename BlockOf<E::kBf16>::type;
+      const auto* kt = reinterpret_cast<const typename B::T*>(j.key_block);
+      const typename B::T* qs;
+      if constexpr (E::kBf16) {
+        key_block_bf16(j, t0, j.kv_off + lo, hi - lo, reinterpret_cast<uint16_t*>(j.key_block));
+        qs = j.qh;
+      } else {
+        key_block<E>(j, t0, j.kv_off + lo, hi - lo, j.key_block);
+        qs = j.q;
+      }
       int h = 0;
       for (; h + 4 <= j.n_q; h += 4) {
         next.ask(quota);
-        if (shares_kv4(j, h)) scores_block<4, true>(j, h, j.key_block, lo, t0, ld);
-        else scores_block<4, false>(j, h, j.key_block, lo, t0, ld);
+        if (shares_kv4(j, h)) scores_block<B, 4, true>(j, h, kt, qs, lo, t0, ld);
+        else scores_block<B, 4, false>(j, h, kt, qs, lo, t0, ld);
       }
       for (; h < j.n_q; ++h) {
         next.ask(quota);
-        scores_block<1, false>(j, h, j.key_block, lo, t0, ld);
+        scores_block<B, 1, false>(j, h, kt, qs, lo, t0, ld);
       }
     }
   }
