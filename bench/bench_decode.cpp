@@ -219,8 +219,9 @@ double kv_bytes(const HParams& hp, double depth, DType type) {
 }
 
 // Where the bandwidth roofline of a decode row at depth cannot be met by a step that reads the
-// weights and then computes the attention: the attention's products alone at the peak rates
-// (f32 multiply-adds; a Q8_0 cache scores keys with 8-bit dot products), against the time its
+// weights and then computes the attention: the attention's products alone at the peak rates of
+// the products this CPU's best path uses (8-bit dot products for a Q8_0 cache's scores, bf16
+// pairs where flash_bf16_products says so, f32 multiply-adds otherwise), against the time its
 // keys and values take to read. When the first is the larger, the attention is bound by
 // arithmetic, and the step's time phase by phase (weights read, then the larger of the two)
 // is the nearer bound.
@@ -228,10 +229,7 @@ void print_depth_bound(const HParams& hp, double depth, DType kv_type, double we
                        const Peaks& pk) {
   // Operations (two per product) of each half, q . k and p . v, over every query head and layer.
   const double ops = 2.0 * hp.q_dim() * depth * hp.n_layer, read_ms = kv_bytes(hp, depth, kv_type) / (bw * 1e6);
-  // The rates of this CPU's best path: 8-bit scores over a Q8_0 cache, bf16 products over an
-  // F16 one where it multiplies in bf16 (flash_bf16_products), f32 multiply-adds otherwise.
-  const bool bf16 = flash_bf16_products(kv_type, hp.head_dim) && pk.bf16 > 0;
-  const double pv_peak = bf16 ? pk.bf16 : pk.f32, qk_peak = kv_type == DType::Q8_0 ? pk.int8 : pv_peak;
+  const double pv_peak = flash_bf16_products(kv_type, hp.head_dim) ? pk.bf16 : pk.f32, qk_peak = kv_type == DType::Q8_0 ? pk.int8 : pv_peak;
   const double arith_ms = ops / (qk_peak * 1e6) + ops / (pv_peak * 1e6);
   const double step_ms = weight_bytes / (bw * 1e6) + std::max(read_ms, arith_ms);
   std::printf("#   its attention: %.2f G op a token, %.2f ms at the peak rates, %.2f ms to read its keys and values;"

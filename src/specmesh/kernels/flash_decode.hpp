@@ -103,8 +103,8 @@ uint64_t flash_queries_id(size_t n = 1);
 // sizes a multiple of 64. Each product's two factors are then rounded to bf16 (nearest even): a
 // query value and a key value in the scores, a softmax weight and a value in the outputs, with
 // every sum in f32. That is the precision of a BF16 KV cache (the usual one of GPU serving,
-// e.g. vLLM's default for bf16 models), at half the instructions of widening to f32, which is
-// what decode at depth is bound by here (README, Benchmarks). Deterministic and batch invariant
+// e.g. vLLM's default for bf16 models), at half the instructions of widening to f32, which
+// decode at depth was bound by (README, Benchmarks). Deterministic and batch invariant
 // as every path; the bound the rounding keeps to is tested (test_flash_decode).
 bool flash_bf16_products(DType type, int head_dim);
 

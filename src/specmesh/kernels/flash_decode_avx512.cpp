@@ -165,7 +165,7 @@ inline void accumulate(const PartialJob& j, int h0, size_t ld_, size_t off, size
 template <int N, int H, size_t LD>
 [[gnu::noinline]] void accumulate_bf16(const PartialJob& j, int h0, size_t ld_, size_t off, size_t o0,
                                        NextRows& next, size_t per) {
-  static_assert(N % 2 == 0 && kAskEvery % 2 == 0 && kAhead <= kRowOffPad);
+  static_assert(N % 2 == 0 && kAhead <= kRowOffPad);
   const size_t ld = LD > 0 ? LD : ld_;
   __m512 acc[H][N];
   for (auto& a : acc)
@@ -195,13 +195,7 @@ template <int N, int H, size_t LD>
       for (int c = 0; c < N; ++c) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], x[c], wv);
     }
   };
-  size_t t = 0;
-  for (; t + kAskEvery <= j.count; t += kAskEvery) {  // as for_keys_asking, two keys a step
-    next.ask(per);
-    for (size_t u = 0; u < kAskEvery; u += 2) pair(t + u);
-  }
-  if (t < j.count) next.ask(per);
-  for (; t < j.count; t += 2) pair(t);
+  for_keys_asking<2>(j.count, next, per, pair);
   // acc[i][c] lane 4L + r holds value 32 (c / 2) + 8L + r (c even) or + 4 + r (c odd).
   const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
   const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);

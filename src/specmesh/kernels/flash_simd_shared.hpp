@@ -56,24 +56,23 @@ struct NextRows {
       asks -= n;
       // (A range of an odd number of lines asks for the line after it too: a hint, which
       // never faults, and a test per line here cost 2-3 % of the partial.)
-      if (to_l1)
-        for (; n > 0; --n, at += 64, vat += 64) {
-          _mm_prefetch(at, _MM_HINT_T0);
-          _mm_prefetch(vat, _MM_HINT_T0);
-          _mm_prefetch(at + half, _MM_HINT_T0);
-          _mm_prefetch(vat + half, _MM_HINT_T0);
-        }
-      else
-        for (; n > 0; --n, at += 64, vat += 64) {
-          _mm_prefetch(at, _MM_HINT_T1);
-          _mm_prefetch(vat, _MM_HINT_T1);
-          _mm_prefetch(at + half, _MM_HINT_T1);
-          _mm_prefetch(vat + half, _MM_HINT_T1);
-        }
+      if (to_l1) lines<_MM_HINT_T0>(n);
+      else lines<_MM_HINT_T1>(n);
     }
   }
 
  private:
+  // The next n lines of the range's two halves, in the key rows and in the value rows.
+  template <_mm_hint Hint>
+  void lines(size_t n) {
+    for (; n > 0; --n, at += 64, vat += 64) {
+      _mm_prefetch(at, Hint);
+      _mm_prefetch(vat, Hint);
+      _mm_prefetch(at + half, Hint);
+      _mm_prefetch(vat + half, Hint);
+    }
+  }
+
   // The next range: from `row` on, the rows of consecutive cells when rows are read whole, else
   // one row's [lo, hi). False when every row has been asked for.
   bool next_range() {
@@ -157,20 +156,22 @@ AskShares ask_shares(const PartialJob& j, const NextRows& next, size_t early, Pa
   return {(half + early - 1) / early, (next.total() - half + late - 1) / late};
 }
 
-// key(t) for t = 0 .. count in order, taking `per` of the next partial's asks (NextRows) before
-// every kAskEvery keys: one ask and one loop test for all of them. Testing per key whether an
-// ask was due (and reloading what the test needs) made the values pass a quarter slower on a Zen
-// 3 (136 against 180 TSC ticks per key for 32 heads over one 128-key partial) and the AVX-512
-// one 15-25 % slower on an Intel Xeon (README, Benchmarks).
-template <class Key>
+// key(t) for t = 0, Step, 2 Step .. < count in order (Step 2: a key and the next one at a time),
+// taking `per` of the next partial's asks (NextRows) before every kAskEvery keys: one ask and
+// one loop test for all of them. Testing per key whether an ask was due (and reloading what the
+// test needs) made the values pass a quarter slower on a Zen 3 (136 against 180 TSC ticks per
+// key for 32 heads over one 128-key partial) and the AVX-512 one 15-25 % slower on an Intel
+// Xeon (README, Benchmarks).
+template <size_t Step = 1, class Key>
 [[gnu::always_inline]] inline void for_keys_asking(size_t count, NextRows& next, size_t per, Key&& key) {
+  static_assert(kAskEvery % Step == 0);
   size_t t = 0;
   for (; t + kAskEvery <= count; t += kAskEvery) {
     next.ask(per);
-    for (size_t u = 0; u < kAskEvery; ++u) key(t + u);
+    for (size_t u = 0; u < kAskEvery; u += Step) key(t + u);
   }
   if (t < count) next.ask(per);
-  for (; t < count; ++t) key(t);
+  for (; t < count; t += Step) key(t);
 }
 
 }  // namespace
