@@ -404,6 +404,10 @@ class PipeInfer final : public Strategy {
     const bool more =
         std::any_of(branches_.begin(), branches_.end(), [&](const Branch& b) { return pending(b) > 0 || wants_more(b); });
     if (more && room_for_run()) start_round();
+    // Without plain_runs, settle() may have left the newest token to the round that did not
+    // start: adaptive mode's micro-batch can shrink between the two (a draft answer's latency
+    // moves it), and then room_for_run() turned false. Settled again, it runs on its own.
+    else if (!plain_runs_) settle();
   }
 
   // Whether the target's pipeline takes another speculative run (see pump()).
