@@ -56,20 +56,20 @@ struct NextRows {
       asks -= n;
       // (A range of an odd number of lines asks for the line after it too: a hint, which
       // never faults, and a test per line here cost 2-3 % of the partial.)
-      if (to_l1) lines<_MM_HINT_T0>(n);
-      else lines<_MM_HINT_T1>(n);
+      if (to_l1) lines<true>(n);
+      else lines<false>(n);
     }
   }
 
  private:
   // The next n lines of the range's two halves, in the key rows and in the value rows.
-  template <_mm_hint Hint>
+  template <bool ToL1>
   void lines(size_t n) {
     for (; n > 0; --n, at += 64, vat += 64) {
-      _mm_prefetch(at, Hint);
-      _mm_prefetch(vat, Hint);
-      _mm_prefetch(at + half, Hint);
-      _mm_prefetch(vat + half, Hint);
+      _mm_prefetch(at, ToL1 ? _MM_HINT_T0 : _MM_HINT_T1);
+      _mm_prefetch(vat, ToL1 ? _MM_HINT_T0 : _MM_HINT_T1);
+      _mm_prefetch(at + half, ToL1 ? _MM_HINT_T0 : _MM_HINT_T1);
+      _mm_prefetch(vat + half, ToL1 ? _MM_HINT_T0 : _MM_HINT_T1);
     }
   }
 
