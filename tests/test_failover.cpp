@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "private_dir.hpp"
 #include "processes.hpp"
@@ -122,11 +123,15 @@ struct Killed {
   double paused_s = 0;  // longest gap between two tokens
 };
 
+pid_t node_pid(const std::string& config, const std::string& name) {
+  for (const auto& p : test::processes_running("node --config " + config))
+    if (p.cmdline.find("--name " + name) != std::string::npos) return p.pid;
+  return 0;
+}
+
 // Generates 64 tokens and SIGKILLs node `victim` when the 10th arrives.
 Killed generate_and_kill(Runtime& rt, const std::string& config, const std::string& victim) {
-  pid_t pid = 0;
-  for (const auto& p : test::processes_running("node --config " + config))
-    if (p.cmdline.find("--name " + victim) != std::string::npos) pid = p.pid;
+  const pid_t pid = node_pid(config, victim);
   EXPECT_NE(pid, 0) << "no process for node " << victim;
   int seen = 0;
   auto last = std::chrono::steady_clock::now();
@@ -142,10 +147,10 @@ Killed generate_and_kill(Runtime& rt, const std::string& config, const std::stri
   return k;
 }
 
-std::vector<int32_t> reference(const std::string& model) {
+std::vector<int32_t> reference(const std::string& model, int n = 64) {
   auto m = Model::load(model, "");
   Context ctx(*m, {});
-  return greedy_ids(ctx, m->tokenizer().encode("Once upon a time", true), 64);
+  return greedy_ids(ctx, m->tokenizer().encode("Once upon a time", true), n);
 }
 
 }  // namespace
@@ -237,6 +242,64 @@ TEST(Failover, ConcurrentSessionsEachGoOnFromTheirOwnTokens) {
         EXPECT_EQ(std::vector<int32_t>(want[i].begin(), want[i].begin() + long(r.ids.size())), r.ids) << i;
       }
     }
+    EXPECT_TRUE(test::processes_running("node --config " + config).empty()) << "node processes left behind";
+  }
+}
+
+// The standby is silent (stopped with SIGSTOP, as a frozen or starved process is) when a
+// stage's node is lost. The head waits for an answer instead of giving up: from the standby,
+// which then takes the stages over, or from the lost node itself (frozen, not dead), whose
+// stages then go on where they were. Either way the ids are an undisturbed run's.
+TEST(Failover, ASilentStandbyIsWaitedForAndALostNodeMayComeBack) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string model = test::refdata("gguf-models/stories260K.gguf");
+  const auto want = reference(model, 128);
+  using namespace std::chrono_literals;
+  using Clock = std::chrono::steady_clock;
+  for (bool comes_back : {false, true}) {
+    SCOPED_TRACE(comes_back ? "n1 frozen, then back" : "n2 killed, the standby back");
+    const std::string config = write_topology(model, true, 200 + int(comes_back));
+    GenerationResult result;
+    double paused_s = 0;
+    {
+      Runtime rt(Topology::load(config), test::node_options(true));
+      const pid_t spare = node_pid(config, "spare"), victim = node_pid(config, comes_back ? "n1" : "n2");
+      ASSERT_NE(spare, 0);
+      ASSERT_NE(victim, 0);
+      std::thread waker;
+      Clock::time_point silenced, last = Clock::now();
+      int seen = 0;
+      bool lost = false;
+      result = rt.generate({.prompt = "Once upon a time", .n_predict = 128, .ignore_eos = true},
+                           [&](int32_t, const std::string&) {
+                             const auto now = Clock::now();
+                             paused_s = std::max(paused_s, std::chrono::duration<double>(now - last).count());
+                             last = now;
+                             if (++seen == 5) {
+                               ::kill(spare, SIGSTOP);
+                               silenced = now;
+                             }
+                             // Once every node has found the standby silent, the stage's node is lost.
+                             if (seen > 5 && !lost && now - silenced > 700ms) {
+                               lost = true;
+                               ::kill(victim, comes_back ? SIGSTOP : SIGKILL);
+                               waker = std::thread([=] {
+                                 std::this_thread::sleep_for(800ms);
+                                 ::kill(comes_back ? victim : spare, SIGCONT);
+                               });
+                             }
+                             return true;
+                           });
+      if (waker.joinable()) waker.join();
+      ::kill(spare, SIGCONT);
+      EXPECT_TRUE(lost) << "the generation ended before the node was lost";
+    }
+    EXPECT_TRUE(result.ok()) << result.error;
+    EXPECT_EQ(result.ids, want);
+    EXPECT_EQ(result.metrics.failovers, comes_back ? 0 : 1);
+    EXPECT_GT(paused_s, 0.8) << "the sessions waited for an answer";
+    EXPECT_LT(paused_s, 3.0);
+    std::printf("%s: longest pause %.0f ms\n", comes_back ? "n1 back" : "standby back", paused_s * 1e3);
     EXPECT_TRUE(test::processes_running("node --config " + config).empty()) << "node processes left behind";
   }
 }

@@ -4,13 +4,16 @@
 
 namespace specmesh {
 
+bool can_fail_over(const HeadConfig& cfg, const std::string& down) {
+  // A pair's two groups hold each other's attention state: one cannot move alone.
+  if (cfg.strategy && !cfg.strategy->pair_role.empty()) return false;
+  return std::any_of(cfg.placement.begin(), cfg.placement.end(), [&](const Placement& p) { return p.node == down; }) &&
+         std::any_of(cfg.standbys.begin(), cfg.standbys.end(), [&](const Standby& s) { return s.node != down; });
+}
+
 std::optional<FailoverPlan> plan_failover(HeadConfig& cfg, const std::string& down,
                                           const std::function<bool(const std::string&)>& alive, uint64_t epoch) {
-  // A pair's two groups hold each other's attention state: one cannot move alone.
-  if (cfg.strategy && !cfg.strategy->pair_role.empty()) return std::nullopt;
-  const bool has_stage = std::any_of(cfg.placement.begin(), cfg.placement.end(),
-                                     [&](const Placement& p) { return p.node == down; });
-  if (!has_stage) return std::nullopt;
+  if (!can_fail_over(cfg, down)) return std::nullopt;
   auto sb = std::find_if(cfg.standbys.begin(), cfg.standbys.end(),
                          [&](const Standby& s) { return s.node != down && alive(s.node); });
   if (sb == cfg.standbys.end()) return std::nullopt;

@@ -32,6 +32,10 @@ struct FailoverPlan {
   std::vector<std::string> awaited;   // the live ones of `notify`: the sessions wait for their answers
 };
 
+// Whether plan_failover can move the stages of `down` once a standby answers: `down` has a
+// stage, a standby lives on another node, and the strategy does not run a pair.
+bool can_fail_over(const HeadConfig& cfg, const std::string& down);
+
 // Moves every stage placed on `down` onto the first standby whose node is alive and not
 // `down`, and updates cfg: placement, each pipeline's nodes, first node and price, and the
 // standbys left. Nothing when `down` has no stage, no standby is alive, or the strategy runs a

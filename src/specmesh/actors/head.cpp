@@ -37,9 +37,11 @@ struct HeadState {
   bool ticking = false;  // a deadline check is scheduled
   uint64_t refused = 0;  // messages from nodes that may not send them
   RateLimitedLog refusals;  // a peer decides how often these lines would be written
-  // A failover waiting for the nodes' answers; sessions wait with it.
+  // A failover under way; sessions wait with it. Without a plan it waits for a standby to
+  // answer (one may be silent for a moment on a loaded host), with one for the nodes' answers.
   struct PendingFailover {
-    FailoverPlan plan;
+    std::string down;
+    std::optional<FailoverPlan> plan;
     uint64_t epoch = 0;
     std::set<std::string> awaiting;  // "node|pipeline|layer_begin"
     std::chrono::steady_clock::time_point began, deadline;
@@ -175,20 +177,50 @@ void finish_all(HeadState& st, const std::string& what, ErrorKind kind) {
   for (auto& r : st.running) r->host->finish(what, kind);
 }
 
-// A pipeline node stopped answering: its stages move to a standby when one is alive (every
-// session pauses and goes on once every node has answered the replan), else every session
-// ends with the tokens accepted so far.
+// Restarts every session from its accepted tokens once the pipelines can run again.
+void resume_sessions(HeadState& st, const std::string& down, bool moved) {
+  st.failover.reset();
+  for (auto& run : st.running) {
+    if (run->host->done()) continue;
+    if (moved) ++run->host->metrics().failovers;
+    try {
+      start_strategy(*run);
+    } catch (const std::exception& e) {
+      run->host->finish("after node '" + down + "' stopped answering: " + e.what(), ErrorKind::internal);
+    }
+  }
+}
+
+// Plans the move of the lost node's stages onto a standby that answers now and sends the
+// replans; false when no standby answers.
+bool send_replans(HeadState& st) {
+  HeadState::PendingFailover& f = *st.failover;
+  auto plan =
+      plan_failover(st.cfg, f.down, [&](const std::string& n) { return st.cfg.router->reachable(n); }, st.epochs + 1);
+  if (!plan) return false;
+  ++st.epochs;
+  spdlog::warn("head: node '{}' stopped answering; its stages move to standby device '{}' on node '{}'", f.down,
+               plan->standby.device, plan->standby.node);
+  f.epoch = st.epochs;
+  for (const std::string& n : plan->awaited)
+    for (const Replan& r : plan->replans) f.awaiting.insert(replan_key(n, r));
+  for (const std::string& n : plan->notify)
+    for (const Replan& r : plan->replans) st.cfg.router->send(n, make_envelope(0, r));
+  f.plan = std::move(plan);
+  return true;
+}
+
+// A pipeline node stopped answering: its stages move to a standby (every session pauses and
+// goes on once every node has answered the replan). A standby that is silent too is waited
+// for until failover_timeout; without any standby every session ends with the tokens accepted
+// so far. A node lost while another one's failover is under way is taken up when that ends.
 void on_peer_down(HeadState& st, const std::string& node) {
-  if (st.failover && st.failover->plan.down == node) return;
+  if (st.failover) return;
   bool ours = false;
   for (const Placement& p : st.cfg.placement) ours = ours || p.node == node;
   if (!ours) return;
-  std::optional<FailoverPlan> plan;
-  if (!st.failover)
-    plan = plan_failover(st.cfg, node, [&](const std::string& n) { return st.cfg.router->reachable(n); }, ++st.epochs);
-  if (!plan) return finish_all(st, stopped_answering(node) + "; generation aborted", ErrorKind::unavailable);
-  spdlog::warn("head: node '{}' stopped answering; its stages move to standby device '{}' on node '{}'", node,
-               plan->standby.device, plan->standby.node);
+  if (!can_fail_over(st.cfg, node))
+    return finish_all(st, stopped_answering(node) + "; generation aborted", ErrorKind::unavailable);
   // The runs in flight are lost with the stages; the sessions restart from their tokens.
   for (auto& r : st.running) {
     stop_strategy(st, *r, false);
@@ -197,37 +229,44 @@ void on_peer_down(HeadState& st, const std::string& node) {
   }
   if (st.merger) st.merger->clear();
   HeadState::PendingFailover f;
-  f.epoch = st.epochs;
+  f.down = node;
   f.began = std::chrono::steady_clock::now();
   f.deadline = f.began + st.cfg.failover_timeout;
-  for (const std::string& n : plan->awaited)
-    for (const Replan& r : plan->replans) f.awaiting.insert(replan_key(n, r));
-  for (const std::string& n : plan->notify)
-    for (const Replan& r : plan->replans) st.cfg.router->send(n, make_envelope(0, r));
-  f.plan = std::move(*plan);
   st.failover = std::move(f);
+  if (!send_replans(st))
+    spdlog::warn("head: node '{}' stopped answering and no standby answers now; waiting up to {} ms for one", node,
+                 st.cfg.failover_timeout.count());
 }
 
-// A node applied a replan; once all have, every session goes on from its accepted tokens.
+// While no standby answered: goes on where the lost node is back, moves its stages where a
+// standby is.
+void retry_failover(HeadState& st) {
+  if (!st.failover || st.failover->plan) return;
+  const std::string down = st.failover->down;
+  if (st.cfg.router->reachable(down)) {
+    spdlog::info("head: node '{}' answers again; the sessions go on", down);
+    return resume_sessions(st, down, false);
+  }
+  send_replans(st);
+}
+
+// A node applied a replan; once all have, every session goes on from its accepted tokens
+// (or, when another pipeline node was lost meanwhile, that one's failover begins).
 void on_replanned(HeadState& st, const std::string& from, const Replan& r) {
-  if (!r.done || !st.failover || r.epoch != st.failover->epoch) return;
+  if (!r.done || !st.failover || !st.failover->plan || r.epoch != st.failover->epoch) return;
   st.failover->awaiting.erase(replan_key(from, r));
   if (!st.failover->awaiting.empty()) return;
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - st.failover->began).count();
-  spdlog::info("head: stages of node '{}' now run on device '{}' of node '{}' ({:.0f} ms)", st.failover->plan.down,
-               st.failover->plan.standby.device, st.failover->plan.standby.node, ms);
-  const std::string down = st.failover->plan.down;
-  st.failover.reset();
-  for (auto& run : st.running) {
-    if (run->host->done()) continue;
-    ++run->host->metrics().failovers;
-    try {
-      start_strategy(*run);
-    } catch (const std::exception& e) {
-      run->host->finish("after moving the stages of node '" + down + "': " + e.what(), ErrorKind::internal);
-    }
+  const FailoverPlan& plan = *st.failover->plan;
+  spdlog::info("head: stages of node '{}' now run on device '{}' of node '{}' ({:.0f} ms)", plan.down,
+               plan.standby.device, plan.standby.node, ms);
+  const std::string down = plan.down;
+  if (const std::string next = node_down(st.cfg); !next.empty()) {
+    st.failover.reset();
+    return on_peer_down(st, next);
   }
+  resume_sessions(st, down, true);
 }
 
 Running* owner_of(HeadState& st, uint64_t run) {
@@ -304,10 +343,13 @@ bool allowed(HeadState& st, const std::string& from, const Envelope& env) {
 
 // Ends a session when one of its runs is past its deadline; keeps checking while one runs.
 void check_deadlines(HeadState& st) {
+  retry_failover(st);
   if (st.failover && std::chrono::steady_clock::now() > st.failover->deadline) {
-    const std::string what = stopped_answering(st.failover->plan.down) + "; moving its stages to node '" +
-                             st.failover->plan.standby.node + "' did not finish within " +
-                             std::to_string(st.cfg.failover_timeout.count()) + " ms";
+    const auto& f = *st.failover;
+    const std::string within = " within " + std::to_string(st.cfg.failover_timeout.count()) + " ms";
+    const std::string what = stopped_answering(f.down) + (f.plan ? "; moving its stages to node '" + f.plan->standby.node +
+                                                                       "' did not finish" + within
+                                                                 : "; no standby answered" + within + "; generation aborted");
     st.failover.reset();
     finish_all(st, what, ErrorKind::unavailable);
   }
