@@ -6,9 +6,12 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace specmesh::test {
 
@@ -25,9 +28,27 @@ inline std::string private_dir(const std::filesystem::path& path) {
   return path.string();
 }
 
-// A private folder for this test process under the system's temporary directory.
+// The folders private_tmpdir made, removed with everything in them when the test process exits
+// (not when a forked child does: it would take its parent's sockets and files away).
+struct TmpdirsAtExit {
+  const pid_t owner = ::getpid();
+  std::vector<std::string> dirs;
+  ~TmpdirsAtExit() {
+    if (::getpid() != owner) return;
+    std::error_code ec;
+    for (const std::string& d : dirs) std::filesystem::remove_all(d, ec);
+  }
+};
+
+// A private folder for this test process under the system's temporary directory, named
+// PREFIX-PID, removed when the process exits.
 inline std::string private_tmpdir(const std::string& prefix) {
-  return private_dir(std::filesystem::temp_directory_path() / (prefix + "-" + std::to_string(::getpid())));
+  static TmpdirsAtExit made;
+  static std::mutex mu;
+  const std::string dir = private_dir(std::filesystem::temp_directory_path() / (prefix + "-" + std::to_string(::getpid())));
+  std::lock_guard<std::mutex> lk(mu);
+  if (std::find(made.dirs.begin(), made.dirs.end(), dir) == made.dirs.end()) made.dirs.push_back(dir);
+  return dir;
 }
 
 // A fresh private folder (mkdtemp: 0700) named /tmp/specmesh-TAG-XXXXXX, removed with everything

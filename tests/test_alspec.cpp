@@ -16,6 +16,7 @@
 #include "specmesh/model/synthetic.hpp"
 #include "specmesh/speculation/alspec_gating.hpp"
 #include "specmesh/speculation/alspec_pair.hpp"
+#include "private_dir.hpp"
 #include "refdata.hpp"
 
 using namespace specmesh;
@@ -134,11 +135,11 @@ struct NamedModel {
 // A synthetic GQA Qwen3 (8 query heads over 2 KV heads, q_dim != n_embd), written once.
 const std::string& qwen3_path() {
   static const std::string path = [] {
-    const auto p = std::filesystem::temp_directory_path() / ("specmesh-alspec-qwen3-" + std::to_string(::getpid()) + ".gguf");
+    const std::string p = test::private_tmpdir("specmesh-alspec") + "/tiny-qwen3.gguf";
     SyntheticSpec s = *synthetic_preset("tiny-qwen3");
     s.n_ctx = 512;
-    write_synthetic_model(s, p.string());
-    return p.string();
+    write_synthetic_model(s, p);
+    return p;
   }();
   return path;
 }

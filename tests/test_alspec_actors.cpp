@@ -22,6 +22,7 @@
 #include "specmesh/speculation/registry.hpp"
 #include "specmesh/topology.hpp"
 #include "processes.hpp"
+#include "private_dir.hpp"
 #include "refdata.hpp"
 #include "shifting_reference.hpp"
 
@@ -38,12 +39,7 @@ constexpr int kPredict = 40;
 const std::string kPrompt = "Once upon a time";
 
 std::string tmpdir() {
-  static std::string dir = [] {
-    auto d = std::filesystem::temp_directory_path() / ("specmesh-alspec-actors-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(d);
-    std::filesystem::permissions(d, std::filesystem::perms::owner_all);  // ipc sockets need a private directory
-    return d.string();
-  }();
+  static const std::string dir = test::private_tmpdir("specmesh-alspec-actors");
   return dir;
 }
 

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "private_dir.hpp"
 #include "refdata.hpp"
 #include "specmesh/model/synthetic.hpp"
 #include "specmesh/runtime.hpp"
@@ -23,12 +24,7 @@ using specmesh::test::refdata;
 namespace {
 
 std::string tmpdir() {
-  static std::string dir = [] {
-    auto d = std::filesystem::temp_directory_path() / ("specmesh-load-checks-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(d);
-    std::filesystem::permissions(d, std::filesystem::perms::owner_all);  // ipc sockets need a private directory
-    return d.string();
-  }();
+  static const std::string dir = test::private_tmpdir("specmesh-load-checks");
   return dir;
 }
 

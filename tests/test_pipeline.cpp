@@ -18,6 +18,7 @@
 #include "specmesh/model/synthetic.hpp"
 #include "ports.hpp"
 #include "processes.hpp"
+#include "private_dir.hpp"
 #include "refdata.hpp"
 #include "specmesh/runtime.hpp"
 
@@ -29,12 +30,7 @@ using specmesh::test::child_processes;
 namespace {
 
 std::string tmpdir() {
-  static std::string dir = [] {
-    auto d = std::filesystem::temp_directory_path() / ("specmesh-pipeline-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(d);
-    std::filesystem::permissions(d, std::filesystem::perms::owner_all);  // ipc sockets need a private directory
-    return d.string();
-  }();
+  static const std::string dir = test::private_tmpdir("specmesh-pipeline");
   return dir;
 }
 

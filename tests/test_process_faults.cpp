@@ -14,6 +14,7 @@
 
 #include "ports.hpp"
 #include "processes.hpp"
+#include "private_dir.hpp"
 #include "refdata.hpp"
 #include "specmesh/runtime.hpp"
 
@@ -31,12 +32,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string tmpdir() {
-  static std::string dir = [] {
-    auto d = fs::temp_directory_path() / ("specmesh-process-faults-" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    fs::permissions(d, fs::perms::owner_all);  // ipc sockets need a private directory
-    return d.string();
-  }();
+  static const std::string dir = test::private_tmpdir("specmesh-process-faults");
   return dir;
 }
 

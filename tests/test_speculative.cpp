@@ -17,6 +17,7 @@
 #include "specmesh/model/generate.hpp"
 #include "chi_square.hpp"
 #include "processes.hpp"
+#include "private_dir.hpp"
 #include "refdata.hpp"
 #include "specmesh/runtime.hpp"
 #include "specmesh/speculation/metrics.hpp"
@@ -35,12 +36,7 @@ const std::vector<std::string> kModels = {"stories260K-draft-tiny", "stories260K
 std::string path_of(const std::string& m) { return refdata("gguf-models/" + m + ".gguf"); }
 
 std::string tmpdir() {
-  static std::string dir = [] {
-    auto d = std::filesystem::temp_directory_path() / ("specmesh-spec-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(d);
-    std::filesystem::permissions(d, std::filesystem::perms::owner_all);  // ipc sockets need a private directory
-    return d.string();
-  }();
+  static const std::string dir = test::private_tmpdir("specmesh-spec");
   return dir;
 }
 

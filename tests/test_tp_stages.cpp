@@ -16,6 +16,7 @@
 #include "specmesh/runtime.hpp"
 #include "specmesh/topology.hpp"
 #include "processes.hpp"
+#include "private_dir.hpp"
 #include "refdata.hpp"
 
 using namespace specmesh;
@@ -28,12 +29,7 @@ const std::string kPrompt = "Once upon a time";
 constexpr int kPredict = 40;
 
 std::string tmpdir() {
-  static std::string dir = [] {
-    auto d = std::filesystem::temp_directory_path() / ("specmesh-tp-stages-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(d);
-    std::filesystem::permissions(d, std::filesystem::perms::owner_all);
-    return d.string();
-  }();
+  static const std::string dir = test::private_tmpdir("specmesh-tp-stages");
   return dir;
 }
 
