@@ -164,7 +164,7 @@ SpecConfig config(size_t S, size_t chunk, float lambda = 0.1f, size_t tile = 32)
 TEST(FlashPlan, RegionsFollowTheTileAlignedWindow) {
   const FlashLayout def;
   EXPECT_EQ(def.spec_len, 128u);
-  EXPECT_EQ(def.chunk, 128u);
+  EXPECT_EQ(def.chunk, 256u);
   EXPECT_EQ(def.tile, 32u);
   EXPECT_FLOAT_EQ(SpecConfig{}.lambda, 0.1f);
 
@@ -182,9 +182,9 @@ TEST(FlashPlan, RegionsFollowTheTileAlignedWindow) {
   EXPECT_EQ(b, 128u);
   EXPECT_EQ(e, 160u);
 
-  p = flash_plan(1000, def);  // P = 1024: window [896, 1000), middle [128, 896) in 6 chunks
+  p = flash_plan(1000, def);  // P = 1024: window [896, 1000), middle [128, 896) in 3 chunks
   EXPECT_EQ(p.window_begin, 896u);
-  EXPECT_EQ(p.n_middle(), 6u);
+  EXPECT_EQ(p.n_middle(), 3u);
   p.slot_keys(1, b, e);
   EXPECT_EQ(b, 896u);
   EXPECT_EQ(e, 1000u);
