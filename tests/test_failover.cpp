@@ -99,9 +99,9 @@ std::string tmpdir() {
   return dir;
 }
 
-// head, stages on n0..n2 (one process each), and a standby device on `spare`: 3 ms per layer,
-// so 64 tokens take about a second.
-std::string write_topology(const std::string& model, bool standby, int index) {
+// head, stages on n0..n2 (one process each), and `standbys` standby devices (on `spare`, then
+// `spare2`): 3 ms per layer, so 64 tokens take about a second.
+std::string write_topology(const std::string& model, int standbys, int index) {
   const std::string dir = tmpdir() + "/" + std::to_string(index);
   test::private_dir(dir);
   const std::string path = dir + "/failover.toml";
@@ -109,9 +109,10 @@ std::string write_topology(const std::string& model, bool standby, int index) {
   f << "[run]\nmodel = \"m\"\nn_predict = 64\ntemperature = 0.0\n";
   f << "[models.m]\npath = \"" << model << "\"\n";
   f << "[nodes.head]\nendpoint = \"ipc://" << dir << "/head\"\nhead = true\n";
-  for (const char* n : {"n0", "n1", "n2", "spare"}) f << "[nodes." << n << "]\nendpoint = \"ipc://" << dir << "/" << n << "\"\n";
+  for (const char* n : {"n0", "n1", "n2", "spare", "spare2"}) f << "[nodes." << n << "]\nendpoint = \"ipc://" << dir << "/" << n << "\"\n";
   for (int i = 0; i < 3; ++i) f << "[devices.cpu" << i << "]\nnode = \"n" << i << "\"\nprofile = { layer_ms = 3.0 }\n";
-  if (standby) f << "[devices.standby]\nnode = \"spare\"\nstandby = true\nprofile = { layer_ms = 3.0 }\n";
+  if (standbys >= 1) f << "[devices.standby]\nnode = \"spare\"\nstandby = true\nprofile = { layer_ms = 3.0 }\n";
+  if (standbys >= 2) f << "[devices.standby2]\nnode = \"spare2\"\nstandby = true\nprofile = { layer_ms = 3.0 }\n";
   f << "[[stages]]\ndevice = \"cpu0\"\nlayers = [0, 2]\n";
   f << "[[stages]]\ndevice = \"cpu1\"\nlayers = [2, 4]\n";
   f << "[[stages]]\ndevice = \"cpu2\"\nlayers = [4, 5]\n";
@@ -302,4 +303,31 @@ TEST(Failover, ASilentStandbyIsWaitedForAndALostNodeMayComeBack) {
     std::printf("%s: longest pause %.0f ms\n", comes_back ? "n1 back" : "standby back", paused_s * 1e3);
     EXPECT_TRUE(test::processes_running("node --config " + config).empty()) << "node processes left behind";
   }
+}
+
+// Two stages' nodes are killed together. The first failover does not wait for the other lost
+// node's answer; once it ends, the second node's stages move to the second standby, and the
+// ids are still an undisturbed run's.
+TEST(Failover, TwoNodesLostAtOnceMoveToTwoStandbys) {
+  SPECMESH_REQUIRE_REFDATA();
+  const std::string model = test::refdata("gguf-models/stories260K.gguf");
+  const auto want = reference(model);
+  const std::string config = write_topology(model, 2, 300);
+  GenerationResult result;
+  {
+    Runtime rt(Topology::load(config), test::node_options(true));
+    const pid_t n1 = node_pid(config, "n1"), n2 = node_pid(config, "n2");
+    ASSERT_NE(n1, 0);
+    ASSERT_NE(n2, 0);
+    int seen = 0;
+    result = rt.generate({.prompt = "Once upon a time", .n_predict = 64, .ignore_eos = true},
+                         [&](int32_t, const std::string&) {
+                           if (++seen == 10) ::kill(n1, SIGKILL), ::kill(n2, SIGKILL);
+                           return true;
+                         });
+  }
+  EXPECT_TRUE(result.ok()) << result.error;
+  EXPECT_EQ(result.ids, want);
+  EXPECT_EQ(result.metrics.failovers, 2);
+  EXPECT_TRUE(test::processes_running("node --config " + config).empty()) << "node processes left behind";
 }

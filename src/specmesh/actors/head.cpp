@@ -178,11 +178,10 @@ void finish_all(HeadState& st, const std::string& what, ErrorKind kind) {
 }
 
 // Restarts every session from its accepted tokens once the pipelines can run again.
-void resume_sessions(HeadState& st, const std::string& down, bool moved) {
+void resume_sessions(HeadState& st, const std::string& down) {
   st.failover.reset();
   for (auto& run : st.running) {
     if (run->host->done()) continue;
-    if (moved) ++run->host->metrics().failovers;
     try {
       start_strategy(*run);
     } catch (const std::exception& e) {
@@ -214,8 +213,15 @@ bool send_replans(HeadState& st) {
 // goes on once every node has answered the replan). A standby that is silent too is waited
 // for until failover_timeout; without any standby every session ends with the tokens accepted
 // so far. A node lost while another one's failover is under way is taken up when that ends.
+void on_replans_answered(HeadState& st);
+
 void on_peer_down(HeadState& st, const std::string& node) {
-  if (st.failover) return;
+  if (st.failover) {
+    // A node lost meanwhile answers no replan: the move goes on without its answer.
+    if (!st.failover->plan || node == st.failover->down) return;
+    std::erase_if(st.failover->awaiting, [&](const std::string& k) { return k.rfind(node + "|", 0) == 0; });
+    return on_replans_answered(st);
+  }
   bool ours = false;
   for (const Placement& p : st.cfg.placement) ours = ours || p.node == node;
   if (!ours) return;
@@ -245,16 +251,21 @@ void retry_failover(HeadState& st) {
   const std::string down = st.failover->down;
   if (st.cfg.router->reachable(down)) {
     spdlog::info("head: node '{}' answers again; the sessions go on", down);
-    return resume_sessions(st, down, false);
+    return resume_sessions(st, down);
   }
   send_replans(st);
 }
 
-// A node applied a replan; once all have, every session goes on from its accepted tokens
-// (or, when another pipeline node was lost meanwhile, that one's failover begins).
+// A node applied a replan.
 void on_replanned(HeadState& st, const std::string& from, const Replan& r) {
   if (!r.done || !st.failover || !st.failover->plan || r.epoch != st.failover->epoch) return;
   st.failover->awaiting.erase(replan_key(from, r));
+  on_replans_answered(st);
+}
+
+// Once every live node has applied the replans, every session goes on from its accepted
+// tokens, or, when another pipeline node was lost meanwhile, that one's failover begins.
+void on_replans_answered(HeadState& st) {
   if (!st.failover->awaiting.empty()) return;
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - st.failover->began).count();
@@ -262,11 +273,13 @@ void on_replanned(HeadState& st, const std::string& from, const Replan& r) {
   spdlog::info("head: stages of node '{}' now run on device '{}' of node '{}' ({:.0f} ms)", plan.down,
                plan.standby.device, plan.standby.node, ms);
   const std::string down = plan.down;
+  for (auto& run : st.running)
+    if (!run->host->done()) ++run->host->metrics().failovers;
   if (const std::string next = node_down(st.cfg); !next.empty()) {
     st.failover.reset();
     return on_peer_down(st, next);
   }
-  resume_sessions(st, down, true);
+  resume_sessions(st, down);
 }
 
 Running* owner_of(HeadState& st, uint64_t run) {
