@@ -48,7 +48,10 @@ struct FlashLayout {
   // on the pool). 16K keys of an F16 cache on the Zen 5 machine, 256 against 128, old and new
   // builds alternating (bench_attention_memory): from memory 0.59-0.69 against 0.69-0.78 ms a
   // layer, in cache 0.49-0.56 against 0.57-0.67; Q8_0 0.61 / 0.67 against 0.66 / 0.75; the
-  // AVX2 path 1.32 / 1.46 against 1.58 / 1.46. 512 was no faster from memory.
+  // AVX2 path 1.32 / 1.46 against 1.58 / 1.46. 512 was no faster from memory. Fewer partials
+  // leave the threads less to even out at short contexts: at 1K, 2K and 4K keys 256 was as fast
+  // as 128 on two threads (22 layers, three alternations each), and 128 again for a middle below
+  // 64 chunks was no faster at 2K.
   size_t chunk = 256;
   size_t tile = 32;       // the window ends at n rounded up to this
   // Each thread asks for the rows of its next partial while it computes one (off only to
