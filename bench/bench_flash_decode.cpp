@@ -133,8 +133,9 @@ int timing_rounds() {
 void ratio_table() {
   const int rounds = timing_rounds();
   const Variant variants[] = {Variant::Plain, Variant::Spec, Variant::Sequential};
-  std::printf("\nspeculative flash decode overhead, %d/%d heads, head_dim %d, S = chunk = %zu, %s, %d rounds\n",
-              kShape.n_head, kShape.n_head_kv, kShape.head_dim, FlashLayout{}.spec_len, matmul_isa(), rounds);
+  std::printf("\nspeculative flash decode overhead, %d/%d heads, head_dim %d, S = %zu, chunk = %zu, %s, %d rounds\n",
+              kShape.n_head, kShape.n_head_kv, kShape.head_dim, FlashLayout{}.spec_len, FlashLayout{}.chunk,
+              matmul_isa(), rounds);
   std::printf("%8s %7s %10s %10s %10s %11s %11s\n", "context", "threads", "plain ms", "spec ms", "seq ms",
               "spec/plain", "spec/seq");
   Outputs out;
