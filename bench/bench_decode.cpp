@@ -229,7 +229,8 @@ void print_depth_bound(const HParams& hp, double depth, DType kv_type, double we
                        const Peaks& pk) {
   // Operations (two per product) of each half, q . k and p . v, over every query head and layer.
   const double ops = 2.0 * hp.q_dim() * depth * hp.n_layer, read_ms = kv_bytes(hp, depth, kv_type) / (bw * 1e6);
-  const double pv_peak = flash_bf16_products(kv_type, hp.head_dim) ? pk.bf16 : pk.f32, qk_peak = kv_type == DType::Q8_0 ? pk.int8 : pv_peak;
+  const double pv_peak = flash_bf16_products(kv_type, hp.head_dim) ? pk.bf16 : pk.f32;
+  const double qk_peak = kv_type == DType::Q8_0 ? pk.int8 : pv_peak;
   const double arith_ms = ops / (qk_peak * 1e6) + ops / (pv_peak * 1e6);
   const double step_ms = weight_bytes / (bw * 1e6) + std::max(read_ms, arith_ms);
   std::printf("#   its attention: %.2f G op a token, %.2f ms at the peak rates, %.2f ms to read its keys and values;"

@@ -45,7 +45,8 @@ struct TmpdirsAtExit {
 inline std::string private_tmpdir(const std::string& prefix) {
   static TmpdirsAtExit made;
   static std::mutex mu;
-  const std::string dir = private_dir(std::filesystem::temp_directory_path() / (prefix + "-" + std::to_string(::getpid())));
+  const std::string dir =
+      private_dir(std::filesystem::temp_directory_path() / (prefix + "-" + std::to_string(::getpid())));
   std::lock_guard<std::mutex> lk(mu);
   if (std::find(made.dirs.begin(), made.dirs.end(), dir) == made.dirs.end()) made.dirs.push_back(dir);
   return dir;

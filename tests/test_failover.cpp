@@ -12,6 +12,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "private_dir.hpp"
 #include "processes.hpp"
@@ -109,7 +110,9 @@ std::string write_topology(const std::string& model, int standbys, int index) {
   f << "[run]\nmodel = \"m\"\nn_predict = 64\ntemperature = 0.0\n";
   f << "[models.m]\npath = \"" << model << "\"\n";
   f << "[nodes.head]\nendpoint = \"ipc://" << dir << "/head\"\nhead = true\n";
-  for (const char* n : {"n0", "n1", "n2", "spare", "spare2"}) f << "[nodes." << n << "]\nendpoint = \"ipc://" << dir << "/" << n << "\"\n";
+  std::vector<std::string> nodes = {"n0", "n1", "n2", "spare"};
+  if (standbys >= 2) nodes.push_back("spare2");
+  for (const std::string& n : nodes) f << "[nodes." << n << "]\nendpoint = \"ipc://" << dir << "/" << n << "\"\n";
   for (int i = 0; i < 3; ++i) f << "[devices.cpu" << i << "]\nnode = \"n" << i << "\"\nprofile = { layer_ms = 3.0 }\n";
   if (standbys >= 1) f << "[devices.standby]\nnode = \"spare\"\nstandby = true\nprofile = { layer_ms = 3.0 }\n";
   if (standbys >= 2) f << "[devices.standby2]\nnode = \"spare2\"\nstandby = true\nprofile = { layer_ms = 3.0 }\n";

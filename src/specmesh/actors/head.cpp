@@ -360,9 +360,9 @@ void check_deadlines(HeadState& st) {
   if (st.failover && std::chrono::steady_clock::now() > st.failover->deadline) {
     const auto& f = *st.failover;
     const std::string within = " within " + std::to_string(st.cfg.failover_timeout.count()) + " ms";
-    const std::string what = stopped_answering(f.down) + (f.plan ? "; moving its stages to node '" + f.plan->standby.node +
-                                                                       "' did not finish" + within
-                                                                 : "; no standby answered" + within + "; generation aborted");
+    const std::string why = f.plan ? "; moving its stages to node '" + f.plan->standby.node + "' did not finish" + within
+                                   : "; no standby answered" + within + "; generation aborted";
+    const std::string what = stopped_answering(f.down) + why;
     st.failover.reset();
     finish_all(st, what, ErrorKind::unavailable);
   }
